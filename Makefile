@@ -1,0 +1,39 @@
+# idempotency: PGXS build. `make && make install`, then `make installcheck`
+# against a running server; `scripts/test` runs every suite in throwaway clusters.
+
+EXTENSION = idempotency
+MODULE_big = idempotency
+DATA = $(wildcard sql/idempotency--*.sql)
+PGFILEDESC = "idempotency - idempotency keys for PostgreSQL"
+
+SRCS = $(wildcard src/*.cpp src/*/*.cpp)
+OBJS = $(SRCS:.cpp=.o)
+
+# pg_regress: every sql/<name>.sql but the install scripts, compared with expected/<name>.out
+REGRESS = $(filter-out idempotency--%,$(basename $(notdir $(wildcard sql/*.sql))))
+REGRESS_OPTS = --load-extension=$(EXTENSION)
+# isolation: test/isolation/specs/<name>.spec, compared with test/isolation/expected/<name>.out
+ISOLATION = $(basename $(notdir $(wildcard test/isolation/specs/*.spec)))
+ISOLATION_OPTS = --inputdir=test/isolation --load-extension=$(EXTENSION)
+# Perl TAP tests (PostgreSQL::Test::Cluster); they make their own clusters
+TAP_TESTS = 1
+PROVE_TESTS = $(wildcard test/t/*.pl)
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)
+
+# PostgreSQL's headers are system headers to us: -Werror applies to our code only.
+PG_INCLUDES = -isystem $(includedir_server) -isystem $(includedir_internal)
+override CPPFLAGS := -Isrc $(PG_INCLUDES) $(CPPFLAGS)
+override CXXFLAGS := $(filter-out -Wmissing-format-attribute,$(CXXFLAGS)) -std=c++17 \
+	-Wall -Wextra -Werror -Wno-missing-field-initializers
+SHLIB_LINK += -lstdc++
+# No LLVM bitcode for JIT inlining: it would need clang and buys nothing here.
+override with_llvm = no
+
+.PHONY: test run
+test:
+	bash scripts/test
+run:
+	bash scripts/run

@@ -1,0 +1,115 @@
+-- idempotency 1.0: idempotency keys for safe retries.
+\echo Use "CREATE EXTENSION idempotency" to load this file. \quit
+
+CREATE TYPE @extschema@.idem_state AS ENUM ('pending', 'succeeded', 'failed');
+CREATE TYPE @extschema@.idem_outcome AS ENUM ('claimed', 'replay', 'in_progress');
+
+CREATE TYPE @extschema@.idem_claim_result AS (
+    outcome       @extschema@.idem_outcome,
+    inserted      boolean,
+    attempt       integer,
+    state         @extschema@.idem_state,
+    response      jsonb,
+    response_code integer,
+    retry_after   interval,
+    expires_at    timestamptz
+);
+
+-- The key columns use the "C" collation: keys are printable ASCII, and byte order makes the
+-- primary key's comparisons memcmp instead of locale-aware ones.
+-- fillfactor leaves room on each page so that complete/fail are HOT updates; the table churns
+-- (insert, update, delete on expiry), so autovacuum is told to visit it early.
+CREATE TABLE @extschema@.idem_keys (
+    scope         text COLLATE pg_catalog."C" NOT NULL DEFAULT '',
+    key           text COLLATE pg_catalog."C" NOT NULL,
+    state         @extschema@.idem_state NOT NULL,
+    attempt       integer NOT NULL,
+    fingerprint   bytea,
+    response      jsonb,
+    response_code integer,
+    retryable     boolean,
+    created_at    timestamptz NOT NULL,
+    locked_until  timestamptz,
+    completed_at  timestamptz,
+    expires_at    timestamptz NOT NULL,
+    CONSTRAINT idem_keys_pkey PRIMARY KEY (scope, key)
+) WITH (fillfactor = 85,
+        autovacuum_vacuum_scale_factor = 0.02,
+        autovacuum_vacuum_insert_scale_factor = 0.05,
+        autovacuum_analyze_scale_factor = 0.05);
+
+-- The reaper walks expired keys in expiry order.
+CREATE INDEX idem_keys_expires_at_idx ON @extschema@.idem_keys (expires_at);
+
+REVOKE ALL ON @extschema@.idem_keys FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.idem_keys', '');
+
+CREATE FUNCTION @extschema@.idem_claim(
+    key         text,
+    request     jsonb DEFAULT NULL,
+    scope       text DEFAULT '',
+    ttl         interval DEFAULT NULL,
+    lease       interval DEFAULT NULL,
+    fingerprint bytea DEFAULT NULL)
+RETURNS @extschema@.idem_claim_result
+AS 'MODULE_PATHNAME', 'idem_claim'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_complete(
+    key           text,
+    response      jsonb,
+    response_code integer DEFAULT 200,
+    scope         text DEFAULT '',
+    attempt       integer DEFAULT NULL)
+RETURNS @extschema@.idem_keys
+AS 'MODULE_PATHNAME', 'idem_complete'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_fail(
+    key           text,
+    response      jsonb DEFAULT NULL,
+    response_code integer DEFAULT 500,
+    retryable     boolean DEFAULT true,
+    scope         text DEFAULT '',
+    attempt       integer DEFAULT NULL)
+RETURNS @extschema@.idem_keys
+AS 'MODULE_PATHNAME', 'idem_fail'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_lookup(
+    key   text,
+    scope text DEFAULT '')
+RETURNS @extschema@.idem_keys
+AS 'MODULE_PATHNAME', 'idem_lookup'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_reap(max_rows integer DEFAULT NULL)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'idem_reap'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+-- Commits after each batch, so it must be called outside an explicit transaction block.
+-- No SET clause: a procedure with one cannot commit; names are schema-qualified instead.
+CREATE PROCEDURE @extschema@.idem_reap_all(
+    batch_size integer DEFAULT NULL,
+    INOUT reaped bigint DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    n bigint;
+BEGIN
+    IF batch_size < 1 THEN
+        RAISE EXCEPTION 'batch_size must be at least 1'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    reaped := 0;
+    LOOP
+        -- the first call loads the library, which defines the batch-size setting
+        n := @extschema@.idem_reap(batch_size);
+        reaped := reaped + n;
+        COMMIT;
+        EXIT WHEN n < coalesce(batch_size,
+            pg_catalog.current_setting('idempotency.reaper_batch_size')::integer);
+    END LOOP;
+END
+$$;
