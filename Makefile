@@ -19,6 +19,10 @@ ISOLATION_OPTS = --inputdir=test/isolation --load-extension=$(EXTENSION)
 TAP_TESTS = 1
 PROVE_TESTS = $(wildcard test/t/*.pl)
 
+# No LLVM bitcode for JIT inlining: it would need clang and buys nothing here. Set before the
+# include so that PGXS's rules see it.
+override with_llvm = no
+
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
@@ -29,8 +33,6 @@ override CPPFLAGS := -Isrc $(PG_INCLUDES) $(CPPFLAGS)
 override CXXFLAGS := $(filter-out -Wmissing-format-attribute,$(CXXFLAGS)) -std=c++17 \
 	-Wall -Wextra -Werror -Wno-missing-field-initializers
 SHLIB_LINK += -lstdc++
-# No LLVM bitcode for JIT inlining: it would need clang and buys nothing here.
-override with_llvm = no
 
 .PHONY: test run
 test:

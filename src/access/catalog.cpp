@@ -1,0 +1,130 @@
+#include "access/catalog.hpp"
+
+namespace idem {
+
+static Catalog cache;
+static bool cache_valid = false;
+static uint64 cache_generation = 0;
+static uint64 returned_generation = 0;
+
+static const char *const column_names[NUM_COLUMNS] = {
+	"scope",     "key",        "state",        "attempt",      "fingerprint", "response",
+	"response_code", "retryable", "created_at", "locked_until", "completed_at", "expires_at"};
+
+static const char *const state_labels[NUM_STATES] = {"pending", "succeeded", "failed"};
+
+static Oid
+extension_namespace()
+{
+	Relation rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyData key;
+	ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber, F_NAMEEQ,
+	            CStringGetDatum("idempotency"));
+	SysScanDesc scan = systable_beginscan(rel, ExtensionNameIndexId, true, nullptr, 1, &key);
+	HeapTuple tuple = systable_getnext(scan);
+	Oid nsp = HeapTupleIsValid(tuple) ? ((Form_pg_extension) GETSTRUCT(tuple))->extnamespace
+	                                  : InvalidOid;
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	if (!OidIsValid(nsp))
+		ereport(ERROR, (errcode(ERRCODE_UNDEFINED_OBJECT),
+		                errmsg("extension \"idempotency\" is not installed in this database"),
+		                errhint("Run CREATE EXTENSION idempotency.")));
+	return nsp;
+}
+
+static Oid
+relation_in(const char *name, Oid nsp)
+{
+	Oid relid = get_relname_relid(name, nsp);
+	if (!OidIsValid(relid))
+		ereport(ERROR, (errcode(ERRCODE_UNDEFINED_OBJECT),
+		                errmsg("relation \"%s\" of extension \"idempotency\" does not exist", name),
+		                errhint("Reinstall the extension: DROP EXTENSION idempotency; CREATE EXTENSION idempotency.")));
+	return relid;
+}
+
+static Oid
+enum_label(Oid enum_type, const char *label)
+{
+	HeapTuple tuple =
+	    SearchSysCache2(ENUMTYPOIDNAME, ObjectIdGetDatum(enum_type), CStringGetDatum(label));
+	if (!HeapTupleIsValid(tuple))
+		elog(ERROR, "idempotency: label \"%s\" of type %u not found", label, enum_type);
+	Oid oid = ((Form_pg_enum) GETSTRUCT(tuple))->oid;
+	ReleaseSysCache(tuple);
+	return oid;
+}
+
+static void
+build(Catalog *c)
+{
+	Oid nsp = extension_namespace();
+	c->relid = relation_in("idem_keys", nsp);
+	c->pkey_oid = relation_in("idem_keys_pkey", nsp);
+	c->expiry_oid = relation_in("idem_keys_expires_at_idx", nsp);
+
+	for (int i = 0; i < NUM_COLUMNS; i++)
+	{
+		c->attnum[i] = get_attnum(c->relid, column_names[i]);
+		if (c->attnum[i] == InvalidAttrNumber)
+			elog(ERROR, "idempotency: column \"%s\" of idem_keys does not exist", column_names[i]);
+	}
+	Oid state_type = get_atttype(c->relid, c->attnum[COL_STATE]);
+	for (int i = 0; i < NUM_STATES; i++)
+		c->state_label[i] = enum_label(state_type, state_labels[i]);
+
+	// The scan keys' FmgrInfos must outlive this call.
+	MemoryContext old = MemoryContextSwitchTo(CacheMemoryContext);
+	const Column pkey_columns[2] = {COL_SCOPE, COL_KEY};
+	for (int i = 0; i < 2; i++)
+	{
+		Oid type, collation;
+		int32 typmod;
+		get_atttypetypmodcoll(c->relid, c->attnum[pkey_columns[i]], &type, &typmod, &collation);
+		ScanKeyEntryInitialize(&c->pkey_scankey[i], 0, i + 1, BTEqualStrategyNumber, InvalidOid,
+		                       collation, F_TEXTEQ, (Datum) 0);
+	}
+	ScanKeyEntryInitialize(&c->expiry_scankey, 0, 1, BTLessEqualStrategyNumber, InvalidOid,
+	                       InvalidOid, F_TIMESTAMPTZ_LE, (Datum) 0);
+	MemoryContextSwitchTo(old);
+}
+
+const Catalog *
+catalog_get()
+{
+	if (!cache_valid)
+	{
+		build(&cache);
+		cache_valid = true;
+	}
+	returned_generation = cache_generation;
+	return &cache;
+}
+
+bool
+catalog_is_current(const Catalog *catalog)
+{
+	return catalog == &cache && cache_valid && returned_generation == cache_generation;
+}
+
+static void
+forget(Datum, Oid relid)
+{
+	if (!cache_valid)
+		return;
+	if (relid == InvalidOid || relid == cache.relid || relid == cache.pkey_oid ||
+	    relid == cache.expiry_oid)
+	{
+		cache_valid = false;
+		cache_generation++;
+	}
+}
+
+void
+catalog_register_invalidation()
+{
+	CacheRegisterRelcacheCallback(forget, (Datum) 0);
+}
+
+} // namespace idem

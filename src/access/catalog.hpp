@@ -1,0 +1,59 @@
+// Where the extension's objects are: found once per backend through pg_extension.extnamespace
+// (never search_path) and forgotten when a relcache invalidation touches the table or its indexes,
+// so DROP/CREATE EXTENSION in one session keeps working.
+#pragma once
+
+#include "common/pg.hpp"
+
+namespace idem {
+
+// The public columns of idem_keys (SPEC §1), in their documented order.
+enum Column
+{
+	COL_SCOPE,
+	COL_KEY,
+	COL_STATE,
+	COL_ATTEMPT,
+	COL_FINGERPRINT,
+	COL_RESPONSE,
+	COL_RESPONSE_CODE,
+	COL_RETRYABLE,
+	COL_CREATED_AT,
+	COL_LOCKED_UNTIL,
+	COL_COMPLETED_AT,
+	COL_EXPIRES_AT,
+	NUM_COLUMNS
+};
+
+enum KeyState
+{
+	STATE_PENDING,
+	STATE_SUCCEEDED,
+	STATE_FAILED,
+	NUM_STATES
+};
+
+struct Catalog
+{
+	Oid relid;
+	Oid pkey_oid;    // idem_keys_pkey: (scope, key)
+	Oid expiry_oid;  // idem_keys_expires_at_idx: (expires_at)
+	AttrNumber attnum[NUM_COLUMNS];
+	Oid state_label[NUM_STATES]; // pg_enum OIDs of idem_state's labels
+	// Scan-key templates with their comparison functions resolved once; callers copy them and
+	// fill in sk_argument.
+	ScanKeyData pkey_scankey[2];
+	ScanKeyData expiry_scankey;
+};
+
+// The catalog of the extension in this database; ERROR if it is not installed. The pointer stays
+// valid until the next invalidation is processed (any table_open may process one): callers copy
+// what they need or re-fetch after opening relations (see KeyTable).
+const Catalog *catalog_get();
+
+// True while the catalog returned last is still current.
+bool catalog_is_current(const Catalog *catalog);
+
+void catalog_register_invalidation();
+
+} // namespace idem

@@ -1,0 +1,388 @@
+#include "access/keytable.hpp"
+
+namespace idem {
+
+// Heap operations take a snapshot argument that heapam only uses for crosscheck: the statement's.
+static Snapshot
+statement_snapshot()
+{
+	return ActiveSnapshotSet() ? GetActiveSnapshot() : InvalidSnapshot;
+}
+
+static AclMode
+privileges_for(Access access)
+{
+	switch (access)
+	{
+		case Access::read:
+			return ACL_SELECT;
+		case Access::write:
+			return ACL_SELECT | ACL_INSERT | ACL_UPDATE;
+		case Access::reap:
+			return ACL_DELETE;
+	}
+	pg_unreachable();
+}
+
+// Opens idem_keys by its cached OID. Taking the lock processes invalidations: if one made the
+// cached OIDs stale (the extension was dropped or recreated), close and look again.
+static void
+open_table(KeyTable *kt, LOCKMODE lockmode)
+{
+	for (int tries = 0;; tries++)
+	{
+		const Catalog *catalog = catalog_get();
+		Relation rel = try_table_open(catalog->relid, lockmode);
+		if (rel != nullptr && catalog_is_current(catalog))
+		{
+			kt->catalog = *catalog;
+			kt->rel = rel;
+			return;
+		}
+		if (rel != nullptr)
+			table_close(rel, lockmode);
+		if (tries >= 10)
+			elog(ERROR, "idempotency: idem_keys keeps changing while being opened");
+	}
+}
+
+static void
+open_indexes(KeyTable *kt)
+{
+	List *oids = RelationGetIndexList(kt->rel);
+	kt->nindexes = list_length(oids);
+	kt->indexes = (Relation *) palloc(sizeof(Relation) * kt->nindexes);
+	kt->index_info = (IndexInfo **) palloc(sizeof(IndexInfo *) * kt->nindexes);
+	int i = 0;
+	ListCell *lc;
+	foreach (lc, oids)
+	{
+		Relation index = index_open(lfirst_oid(lc), kt->lockmode);
+		kt->indexes[i] = index;
+		kt->index_info[i] = BuildIndexInfo(index);
+		if (RelationGetRelid(index) == kt->catalog.pkey_oid)
+			kt->pkey = index;
+		i++;
+	}
+	list_free(oids);
+	if (kt->pkey == nullptr)
+		elog(ERROR, "idempotency: primary key of idem_keys not found");
+}
+
+void
+keytable_open(KeyTable *kt, Access access, const char *caller)
+{
+	memset(kt, 0, sizeof(*kt));
+	if (access != Access::read)
+	{
+		PreventCommandIfReadOnly(caller);
+		PreventCommandIfParallelMode(caller);
+	}
+	kt->lockmode = access == Access::read ? AccessShareLock : RowExclusiveLock;
+	open_table(kt, kt->lockmode);
+
+	AclMode needed = privileges_for(access);
+	if (pg_class_aclmask(RelationGetRelid(kt->rel), GetUserId(), needed, ACLMASK_ALL) != needed)
+		aclcheck_error(ACLCHECK_NO_PRIV, OBJECT_TABLE, RelationGetRelationName(kt->rel));
+
+	// The access layer cannot apply policies; refusing is the only way not to bypass them.
+	if (kt->rel->rd_rel->relrowsecurity &&
+	    check_enable_rls(RelationGetRelid(kt->rel), InvalidOid, false) == RLS_ENABLED)
+		ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+		                errmsg("%s does not support row-level security on idem_keys", caller),
+		                errhint("Disable row-level security on idem_keys, or use a role that bypasses it.")));
+
+	switch (access)
+	{
+		case Access::read:
+			kt->pkey = index_open(kt->catalog.pkey_oid, kt->lockmode);
+			break;
+		case Access::write:
+			open_indexes(kt);
+			kt->written = MakeSingleTupleTableSlot(RelationGetDescr(kt->rel), &TTSOpsHeapTuple);
+			break;
+		case Access::reap:
+			kt->expiry = index_open(kt->catalog.expiry_oid, kt->lockmode);
+			break;
+	}
+	kt->found = table_slot_create(kt->rel, nullptr);
+}
+
+void
+keytable_close(KeyTable *kt)
+{
+	ExecDropSingleTupleTableSlot(kt->found);
+	if (kt->written != nullptr)
+		ExecDropSingleTupleTableSlot(kt->written);
+	if (kt->estate != nullptr)
+		FreeExecutorState(kt->estate);
+	if (kt->indexes != nullptr)
+	{
+		for (int i = 0; i < kt->nindexes; i++)
+			index_close(kt->indexes[i], NoLock);
+	}
+	else if (kt->pkey != nullptr)
+		index_close(kt->pkey, NoLock);
+	if (kt->expiry != nullptr)
+		index_close(kt->expiry, NoLock);
+	// Like the executor, keep the relation lock until the end of the transaction.
+	table_close(kt->rel, NoLock);
+}
+
+static void
+pkey_scankeys(KeyTable *kt, Datum scope, Datum key, ScanKeyData *keys)
+{
+	keys[0] = kt->catalog.pkey_scankey[0];
+	keys[0].sk_argument = scope;
+	keys[1] = kt->catalog.pkey_scankey[1];
+	keys[1].sk_argument = key;
+}
+
+bool
+keytable_find_latest(KeyTable *kt, Datum scope, Datum key)
+{
+	ScanKeyData keys[2];
+	pkey_scankeys(kt, scope, key, keys);
+	SnapshotData dirty;
+	InitDirtySnapshot(dirty);
+
+	for (;;)
+	{
+		IndexScanDesc scan = index_beginscan(kt->rel, kt->pkey, &dirty, 2, 0);
+		index_rescan(scan, keys, 2, nullptr, 0);
+		bool found = index_getnext_slot(scan, ForwardScanDirection, kt->found);
+		index_endscan(scan);
+		if (!found)
+			return false;
+
+		// Another transaction is inserting, updating or deleting this version: wait for its
+		// decision (for a speculative insertion, just for that), then look again.
+		TransactionId xwait = TransactionIdIsValid(dirty.xmin) ? dirty.xmin : dirty.xmax;
+		if (!TransactionIdIsValid(xwait))
+			return true;
+		ItemPointerData tid = kt->found->tts_tid;
+		ExecClearTuple(kt->found);
+		if (dirty.speculativeToken != 0)
+			SpeculativeInsertionWait(dirty.xmin, dirty.speculativeToken);
+		else
+			XactLockTableWait(xwait, kt->rel, &tid, XLTW_InsertIndex);
+		CHECK_FOR_INTERRUPTS();
+	}
+}
+
+bool
+keytable_find_visible(KeyTable *kt, Datum scope, Datum key, Snapshot snapshot)
+{
+	ScanKeyData keys[2];
+	pkey_scankeys(kt, scope, key, keys);
+	IndexScanDesc scan = index_beginscan(kt->rel, kt->pkey, snapshot, 2, 0);
+	index_rescan(scan, keys, 2, nullptr, 0);
+	bool found = index_getnext_slot(scan, ForwardScanDirection, kt->found);
+	index_endscan(scan);
+	return found;
+}
+
+void
+keytable_read(KeyTable *kt, TupleTableSlot *slot, KeyRow *row)
+{
+	slot_getallattrs(slot);
+	for (int c = 0; c < NUM_COLUMNS; c++)
+	{
+		int i = kt->catalog.attnum[c] - 1;
+		row->value[c] = slot->tts_values[i];
+		row->isnull[c] = slot->tts_isnull[i];
+	}
+}
+
+TransactionId
+keytable_found_xmin(KeyTable *kt)
+{
+	bool isnull;
+	return DatumGetTransactionId(slot_getsysattr(kt->found, MinTransactionIdAttributeNumber, &isnull));
+}
+
+bool
+keytable_found_visible_to(KeyTable *kt, Snapshot snapshot)
+{
+	return table_tuple_satisfies_snapshot(kt->rel, kt->found, snapshot);
+}
+
+// Forms the tuple to write into kt->written. Columns that are not ours (none in 1.0) keep the
+// values of `base`, the version being replaced, or are NULL in a new row.
+static void
+store_written(KeyTable *kt, const KeyRow *row, TupleTableSlot *base)
+{
+	TupleDesc desc = RelationGetDescr(kt->rel);
+	Datum *values = (Datum *) palloc(sizeof(Datum) * desc->natts);
+	bool *isnull = (bool *) palloc(sizeof(bool) * desc->natts);
+	if (base != nullptr)
+	{
+		slot_getallattrs(base);
+		memcpy(values, base->tts_values, sizeof(Datum) * desc->natts);
+		memcpy(isnull, base->tts_isnull, sizeof(bool) * desc->natts);
+	}
+	else
+	{
+		memset(values, 0, sizeof(Datum) * desc->natts);
+		memset(isnull, true, sizeof(bool) * desc->natts);
+	}
+	for (int c = 0; c < NUM_COLUMNS; c++)
+	{
+		int i = kt->catalog.attnum[c] - 1;
+		values[i] = row->value[c];
+		isnull[i] = row->isnull[c];
+	}
+	ExecStoreHeapTuple(heap_form_tuple(desc, values, isnull), kt->written, true);
+	pfree(values);
+	pfree(isnull);
+}
+
+// The index entry's values for the tuple in slot; false when a partial index does not cover it.
+// Plain column indexes (all of ours) need no executor state.
+static bool
+index_values(KeyTable *kt, int i, TupleTableSlot *slot, Datum *values, bool *isnull)
+{
+	IndexInfo *info = kt->index_info[i];
+	if (info->ii_Expressions == NIL && info->ii_Predicate == NIL)
+	{
+		for (int k = 0; k < info->ii_NumIndexAttrs; k++)
+			values[k] = slot_getattr(slot, info->ii_IndexAttrNumbers[k], &isnull[k]);
+		return true;
+	}
+	if (kt->estate == nullptr)
+		kt->estate = CreateExecutorState();
+	ExprContext *econtext = GetPerTupleExprContext(kt->estate);
+	ResetExprContext(econtext);
+	econtext->ecxt_scantuple = slot;
+	if (info->ii_Predicate != NIL)
+	{
+		if (info->ii_PredicateState == nullptr)
+			info->ii_PredicateState = ExecPrepareQual(info->ii_Predicate, kt->estate);
+		if (!ExecQual(info->ii_PredicateState, econtext))
+			return false;
+	}
+	FormIndexDatum(info, slot, kt->estate, values, isnull);
+	return true;
+}
+
+// Adds the index entries of the tuple in kt->written, as ExecInsertIndexTuples does. With
+// `speculative`, the primary key is checked without waiting or raising (UNIQUE_CHECK_PARTIAL), and
+// false means a possible conflict there.
+static bool
+insert_index_entries(KeyTable *kt, bool speculative)
+{
+	TupleTableSlot *slot = kt->written;
+	bool unique_ok = true;
+	for (int i = 0; i < kt->nindexes; i++)
+	{
+		Relation index = kt->indexes[i];
+		if (!kt->index_info[i]->ii_ReadyForInserts)
+			continue; // being built concurrently
+		Datum values[INDEX_MAX_KEYS];
+		bool isnull[INDEX_MAX_KEYS];
+		if (!index_values(kt, i, slot, values, isnull))
+			continue;
+		bool is_pkey = index == kt->pkey;
+		IndexUniqueCheck check = !index->rd_index->indisunique ? UNIQUE_CHECK_NO
+		                         : (speculative && is_pkey)    ? UNIQUE_CHECK_PARTIAL
+		                                                       : UNIQUE_CHECK_YES;
+		// An update never changes (scope, key): tell the primary key, for bottom-up deletion.
+		bool unchanged = !speculative && is_pkey;
+		bool ok = index_insert(index, values, isnull, &slot->tts_tid, kt->rel, check, unchanged,
+		                       kt->index_info[i]);
+		if (check == UNIQUE_CHECK_PARTIAL && !ok)
+			unique_ok = false;
+	}
+	return unique_ok;
+}
+
+bool
+keytable_insert(KeyTable *kt, const KeyRow *row)
+{
+	store_written(kt, row, nullptr);
+	TransactionId xid = GetCurrentTransactionId();
+	// Others who find the tuple wait on this token for our decision, not on our transaction.
+	uint32 token = SpeculativeInsertionLockAcquire(xid);
+	table_tuple_insert_speculative(kt->rel, kt->written, GetCurrentCommandId(true), 0, nullptr,
+	                               token);
+	bool inserted = insert_index_entries(kt, true);
+	// Without a conflict the tuple becomes an ordinary one; with one it is killed, and nobody ever
+	// sees two live versions of a key.
+	table_tuple_complete_speculative(kt->rel, kt->written, token, inserted);
+	SpeculativeInsertionLockRelease(xid);
+	return inserted;
+}
+
+TM_Result
+keytable_update(KeyTable *kt, const KeyRow *row)
+{
+	ItemPointerData otid = kt->found->tts_tid;
+	store_written(kt, row, kt->found);
+	TM_FailureData tmfd;
+	LockTupleMode lockmode;
+	bool update_indexes;
+	TM_Result result = table_tuple_update(kt->rel, &otid, kt->written, GetCurrentCommandId(true),
+	                                      statement_snapshot(), InvalidSnapshot, true, &tmfd,
+	                                      &lockmode, &update_indexes);
+	switch (result)
+	{
+		case TM_Ok:
+			// A HOT update needs no new index entries.
+			if (update_indexes)
+				insert_index_entries(kt, false);
+			return result;
+		case TM_Updated:
+		case TM_Deleted:
+			return result;
+		default:
+			elog(ERROR, "idempotency: unexpected result %d updating idem_keys", (int) result);
+	}
+	pg_unreachable();
+}
+
+bool
+keytable_delete_unless_busy(KeyTable *kt)
+{
+	TM_FailureData tmfd;
+	TM_Result result = table_tuple_delete(kt->rel, &kt->found->tts_tid, GetCurrentCommandId(true),
+	                                      statement_snapshot(), InvalidSnapshot, false, &tmfd,
+	                                      false);
+	return result == TM_Ok;
+}
+
+void
+keytable_expiry_begin(KeyTable *kt, ExpiryScan *es, TimestampTz until, Snapshot snapshot)
+{
+	ScanKeyData key = kt->catalog.expiry_scankey;
+	key.sk_argument = TimestampTzGetDatum(until);
+	es->scan = index_beginscan(kt->rel, kt->expiry, snapshot, 1, 0);
+	index_rescan(es->scan, &key, 1, nullptr, 0);
+}
+
+bool
+keytable_expiry_next(KeyTable *kt, ExpiryScan *es)
+{
+	return index_getnext_slot(es->scan, ForwardScanDirection, kt->found);
+}
+
+void
+keytable_expiry_end(ExpiryScan *es)
+{
+	index_endscan(es->scan);
+}
+
+Datum
+keytable_found_datum(KeyTable *kt)
+{
+	return heap_copy_tuple_as_datum(ExecFetchSlotHeapTuple(kt->found, false, nullptr),
+	                                RelationGetDescr(kt->rel));
+}
+
+Datum
+keytable_written_datum(KeyTable *kt)
+{
+	return heap_copy_tuple_as_datum(ExecFetchSlotHeapTuple(kt->written, false, nullptr),
+	                                RelationGetDescr(kt->rel));
+}
+
+} // namespace idem

@@ -1,0 +1,81 @@
+// The table access layer: idem_keys and its indexes through PostgreSQL's table and index access
+// methods, with no executor, SPI or SQL. It knows rows and versions, not key states: the rules of
+// claim/complete/fail/reap live in core/keystate.cpp.
+#pragma once
+
+#include "access/catalog.hpp"
+#include "common/pg.hpp"
+
+namespace idem {
+
+// One row's public columns.
+struct KeyRow
+{
+	Datum value[NUM_COLUMNS];
+	bool isnull[NUM_COLUMNS];
+};
+
+struct KeyTable
+{
+	Catalog catalog; // a copy: an invalidation during the call must not change it under us
+	Relation rel;
+	Relation pkey;   // for finding a key
+	Relation expiry; // for reaping
+	LOCKMODE lockmode;
+	int nindexes;
+	Relation *indexes;
+	IndexInfo **index_info;
+	TupleTableSlot *found;   // the version last found, pinned (buffer heap slot)
+	TupleTableSlot *written; // the tuple being inserted or written as an update
+	EState *estate;          // only for indexes with expressions or predicates
+};
+
+enum class Access
+{
+	read,  // idem_lookup: SELECT
+	write, // claim, complete, fail: SELECT, INSERT, UPDATE
+	reap,  // idem_reap: DELETE
+};
+
+// Opens idem_keys and, for writers, its indexes; checks privileges as the equivalent SQL would,
+// refuses a read-only transaction for writers (25006) and refuses row-level security (0A000).
+void keytable_open(KeyTable *kt, Access access, const char *caller);
+void keytable_close(KeyTable *kt);
+
+// Finds the newest version of (scope, key) that is or may become live, as INSERT ... ON CONFLICT's
+// pre-check does: SnapshotDirty over the primary key, waiting out any other transaction that is
+// inserting, updating or deleting it, then looking again. True with the version in kt->found.
+bool keytable_find_latest(KeyTable *kt, Datum scope, Datum key);
+
+// Finds (scope, key) as an MVCC snapshot sees it. True with the version in kt->found.
+bool keytable_find_visible(KeyTable *kt, Datum scope, Datum key, Snapshot snapshot);
+
+void keytable_read(KeyTable *kt, TupleTableSlot *slot, KeyRow *row);
+TransactionId keytable_found_xmin(KeyTable *kt);
+bool keytable_found_visible_to(KeyTable *kt, Snapshot snapshot);
+
+// Inserts the row with the speculative-insertion protocol. False when a concurrent insert of the
+// same key won the race: the row was killed and the caller looks again.
+bool keytable_insert(KeyTable *kt, const KeyRow *row);
+
+// Replaces the version in kt->found with the row, waiting for concurrent writers of it.
+// TM_Ok, or TM_Updated / TM_Deleted when that version is no longer the newest.
+TM_Result keytable_update(KeyTable *kt, const KeyRow *row);
+
+// Deletes the version in kt->found unless another transaction holds or changed it: never waits.
+bool keytable_delete_unless_busy(KeyTable *kt);
+
+// Walks keys with expires_at <= until under an MVCC snapshot, oldest first.
+struct ExpiryScan
+{
+	IndexScanDesc scan;
+};
+void keytable_expiry_begin(KeyTable *kt, ExpiryScan *es, TimestampTz until, Snapshot snapshot);
+bool keytable_expiry_next(KeyTable *kt, ExpiryScan *es);
+void keytable_expiry_end(ExpiryScan *es);
+
+// The version in kt->found, or the tuple last written, as a composite datum of idem_keys' row type.
+Datum keytable_found_datum(KeyTable *kt);
+Datum keytable_written_datum(KeyTable *kt);
+
+} // namespace idem

@@ -1,0 +1,218 @@
+// The SQL-callable functions: argument checks (SPEC §4), then the key-state logic in core/.
+#include "common/fingerprint.hpp"
+#include "common/guard.hpp"
+#include "common/settings.hpp"
+#include "core/keystate.hpp"
+
+namespace {
+
+using namespace idem;
+
+constexpr int max_scope_bytes = 255;
+constexpr int max_fingerprint_bytes = 64;
+
+void
+reject_null(FunctionCallInfo fcinfo, int arg, const char *name)
+{
+	if (PG_ARGISNULL(arg))
+		ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+		                errmsg("argument \"%s\" must not be null", name)));
+}
+
+Datum
+key_arg(FunctionCallInfo fcinfo, int arg)
+{
+	reject_null(fcinfo, arg, "key");
+	text *key = PG_GETARG_TEXT_PP(arg);
+	const unsigned char *bytes = (const unsigned char *) VARDATA_ANY(key);
+	int len = VARSIZE_ANY_EXHDR(key);
+	// The IETF Idempotency-Key header's characters: printable ASCII.
+	for (int i = 0; i < len; i++)
+	{
+		if (bytes[i] < 0x20 || bytes[i] > 0x7E)
+			ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			                errmsg("argument \"key\" must contain only printable ASCII characters"),
+			                errdetail("Byte %d is 0x%02X.", i + 1, bytes[i])));
+	}
+	if (len < 1 || len > setting_max_key_length)
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+		                errmsg("argument \"key\" must be 1 to %d characters long", setting_max_key_length),
+		                errdetail("It is %d characters long.", len)));
+	return PointerGetDatum(key);
+}
+
+Datum
+scope_arg(FunctionCallInfo fcinfo, int arg)
+{
+	reject_null(fcinfo, arg, "scope");
+	text *scope = PG_GETARG_TEXT_PP(arg);
+	if (VARSIZE_ANY_EXHDR(scope) > max_scope_bytes)
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+		                errmsg("argument \"scope\" must be at most %d bytes long", max_scope_bytes),
+		                errdetail("It is %d bytes long.", (int) VARSIZE_ANY_EXHDR(scope))));
+	return PointerGetDatum(scope);
+}
+
+// NULL means "use the setting". Months count as 30 days, as interval comparison does.
+const Interval *
+duration_arg(FunctionCallInfo fcinfo, int arg, const char *name)
+{
+	if (PG_ARGISNULL(arg))
+		return nullptr;
+	static const Interval zero = {0, 0, 0};
+	static const Interval hundred_years = {0, 0, 100 * MONTHS_PER_YEAR};
+	Interval *value = PG_GETARG_INTERVAL_P(arg);
+	if (!DatumGetBool(DirectFunctionCall2(interval_gt, PointerGetDatum(value), PointerGetDatum(&zero))) ||
+	    !DatumGetBool(DirectFunctionCall2(interval_le, PointerGetDatum(value), PointerGetDatum(&hundred_years))))
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+		                errmsg("argument \"%s\" must be a positive interval of at most 100 years", name)));
+	return value;
+}
+
+// idem_claim_result's descriptor and idem_outcome's labels, kept per call site.
+struct ClaimResultType
+{
+	TupleDesc desc;
+	Oid outcome_label[(int) Outcome::count];
+};
+
+ClaimResultType *
+claim_result_type(FunctionCallInfo fcinfo)
+{
+	if (fcinfo->flinfo->fn_extra != nullptr)
+		return (ClaimResultType *) fcinfo->flinfo->fn_extra;
+	TupleDesc desc;
+	if (get_call_result_type(fcinfo, nullptr, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "idempotency: idem_claim must return a composite type");
+	MemoryContext old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
+	ClaimResultType *type = (ClaimResultType *) palloc(sizeof(ClaimResultType));
+	type->desc = BlessTupleDesc(CreateTupleDescCopy(desc));
+	MemoryContextSwitchTo(old);
+	static const char *const labels[] = {"claimed", "replay", "in_progress"};
+	Oid outcome_type = TupleDescAttr(type->desc, 0)->atttypid;
+	for (int i = 0; i < (int) Outcome::count; i++)
+	{
+		HeapTuple tuple = SearchSysCache2(ENUMTYPOIDNAME, ObjectIdGetDatum(outcome_type),
+		                                  CStringGetDatum(labels[i]));
+		if (!HeapTupleIsValid(tuple))
+			elog(ERROR, "idempotency: label \"%s\" of idem_outcome not found", labels[i]);
+		type->outcome_label[i] = ((Form_pg_enum) GETSTRUCT(tuple))->oid;
+		ReleaseSysCache(tuple);
+	}
+	fcinfo->flinfo->fn_extra = type;
+	return type;
+}
+
+Datum
+row_or_null(FunctionCallInfo fcinfo, bool found, Datum row)
+{
+	if (!found)
+		PG_RETURN_NULL();
+	PG_RETURN_DATUM(row);
+}
+
+} // namespace
+
+IDEM_SQL_FUNCTION(idem_claim)
+{
+	ClaimInput in;
+	in.key = key_arg(fcinfo, 0);
+	in.scope = scope_arg(fcinfo, 2);
+	in.ttl = duration_arg(fcinfo, 3, "ttl");
+	in.lease = duration_arg(fcinfo, 4, "lease");
+	in.has_fingerprint = false;
+	if (!PG_ARGISNULL(5))
+	{
+		bytea *given = PG_GETARG_BYTEA_PP(5);
+		int len = VARSIZE_ANY_EXHDR(given);
+		if (len < 1 || len > max_fingerprint_bytes)
+			ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			                errmsg("argument \"fingerprint\" must be 1 to %d bytes long", max_fingerprint_bytes),
+			                errdetail("It is %d bytes long.", len)));
+		in.has_fingerprint = true;
+		in.fingerprint = PointerGetDatum(given);
+	}
+	else if (!PG_ARGISNULL(1))
+	{
+		in.has_fingerprint = true;
+		in.fingerprint = PointerGetDatum(
+		    request_fingerprint(DatumGetTextPP(in.scope), PG_GETARG_JSONB_P(1)));
+	}
+
+	ClaimOutput out;
+	claim(&in, &out);
+
+	ClaimResultType *type = claim_result_type(fcinfo);
+	Datum values[8];
+	bool isnull[8] = {false, false, false, false, false, false, false, false};
+	values[0] = ObjectIdGetDatum(type->outcome_label[(int) out.outcome]);
+	values[1] = BoolGetDatum(out.inserted);
+	values[2] = out.row.value[COL_ATTEMPT];
+	values[3] = out.row.value[COL_STATE];
+	values[4] = out.row.value[COL_RESPONSE];
+	isnull[4] = out.row.isnull[COL_RESPONSE];
+	values[5] = out.row.value[COL_RESPONSE_CODE];
+	isnull[5] = out.row.isnull[COL_RESPONSE_CODE];
+	values[6] = PointerGetDatum(out.retry_after);
+	isnull[6] = out.retry_after == nullptr;
+	values[7] = out.row.value[COL_EXPIRES_AT];
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(type->desc, values, isnull)));
+}
+
+// idem_complete(key, response, response_code, scope, attempt)
+IDEM_SQL_FUNCTION(idem_complete)
+{
+	FinishInput in;
+	in.key = key_arg(fcinfo, 0);
+	reject_null(fcinfo, 1, "response");
+	in.response = PG_GETARG_DATUM(1);
+	in.response_null = false;
+	reject_null(fcinfo, 2, "response_code");
+	in.response_code = PG_GETARG_INT32(2);
+	in.scope = scope_arg(fcinfo, 3);
+	in.has_attempt = !PG_ARGISNULL(4);
+	in.attempt = in.has_attempt ? PG_GETARG_INT32(4) : 0;
+	in.to = STATE_SUCCEEDED;
+	in.retryable = false;
+	PG_RETURN_DATUM(finish(&in));
+}
+
+// idem_fail(key, response, response_code, retryable, scope, attempt)
+IDEM_SQL_FUNCTION(idem_fail)
+{
+	FinishInput in;
+	in.key = key_arg(fcinfo, 0);
+	in.response_null = PG_ARGISNULL(1);
+	in.response = in.response_null ? (Datum) 0 : PG_GETARG_DATUM(1);
+	reject_null(fcinfo, 2, "response_code");
+	in.response_code = PG_GETARG_INT32(2);
+	reject_null(fcinfo, 3, "retryable");
+	in.retryable = PG_GETARG_BOOL(3);
+	in.scope = scope_arg(fcinfo, 4);
+	in.has_attempt = !PG_ARGISNULL(5);
+	in.attempt = in.has_attempt ? PG_GETARG_INT32(5) : 0;
+	in.to = STATE_FAILED;
+	PG_RETURN_DATUM(finish(&in));
+}
+
+IDEM_SQL_FUNCTION(idem_lookup)
+{
+	Datum key = key_arg(fcinfo, 0);
+	Datum scope = scope_arg(fcinfo, 1);
+	Datum row;
+	bool found = lookup(scope, key, &row);
+	return row_or_null(fcinfo, found, row);
+}
+
+IDEM_SQL_FUNCTION(idem_reap)
+{
+	int32 max_rows = setting_reaper_batch_size;
+	if (!PG_ARGISNULL(0))
+	{
+		max_rows = PG_GETARG_INT32(0);
+		if (max_rows < 1)
+			ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			                errmsg("argument \"max_rows\" must be at least 1")));
+	}
+	PG_RETURN_INT64(reap(max_rows));
+}

@@ -1,0 +1,9 @@
+// The extension's own SQLSTATEs (SPEC §5). Class IK: idempotency keys.
+#pragma once
+
+#include "common/pg.hpp"
+
+#define ERRCODE_IDEM_KEY_MISMATCH MAKE_SQLSTATE('I', 'K', '0', '0', '1')
+#define ERRCODE_IDEM_ATTEMPT_STALE MAKE_SQLSTATE('I', 'K', '0', '0', '2')
+#define ERRCODE_IDEM_KEY_NOT_FOUND MAKE_SQLSTATE('I', 'K', '0', '0', '3')
+#define ERRCODE_IDEM_KEY_NOT_PENDING MAKE_SQLSTATE('I', 'K', '0', '0', '4')

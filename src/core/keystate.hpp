@@ -1,0 +1,59 @@
+// The key-state machine of SPEC §2: claim, complete, fail, lookup and reap. Arguments arrive
+// validated (api/); rows are read and written through the access layer (access/).
+#pragma once
+
+#include "access/keytable.hpp"
+#include "common/pg.hpp"
+
+namespace idem {
+
+enum class Outcome
+{
+	claimed,
+	replay,
+	in_progress,
+	count
+};
+
+struct ClaimInput
+{
+	Datum scope;              // text
+	Datum key;                // text
+	bool has_fingerprint;
+	Datum fingerprint;        // bytea, when has_fingerprint
+	const Interval *ttl;      // nullptr: idempotency.default_ttl
+	const Interval *lease;    // nullptr: idempotency.default_lease
+};
+
+struct ClaimOutput
+{
+	Outcome outcome;
+	bool inserted;
+	KeyRow row;               // the key's row after the claim; by-reference values are copies
+	Interval *retry_after;    // in_progress only
+};
+
+void claim(const ClaimInput *in, ClaimOutput *out);
+
+struct FinishInput
+{
+	Datum scope;
+	Datum key;
+	KeyState to;              // STATE_SUCCEEDED (idem_complete) or STATE_FAILED (idem_fail)
+	bool response_null;
+	Datum response;           // jsonb
+	int32 response_code;
+	bool retryable;           // idem_fail only
+	bool has_attempt;
+	int32 attempt;
+};
+
+// Returns the finished row as a composite datum of idem_keys' row type.
+Datum finish(const FinishInput *in);
+
+// The row as the current snapshot sees it, or false.
+bool lookup(Datum scope, Datum key, Datum *row);
+
+int64 reap(int32 max_rows);
+
+} // namespace idem
