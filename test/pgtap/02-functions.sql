@@ -1,0 +1,99 @@
+-- idempotency: function signatures and properties (SPEC.md section 2).
+-- All routines are VOLATILE, none is STRICT, none is SECURITY DEFINER.
+BEGIN;
+SELECT plan(47);
+
+-- idem_claim
+SELECT has_function('idem_claim', ARRAY['text', 'jsonb', 'text', 'interval', 'interval', 'bytea']);
+SELECT function_returns('idem_claim', ARRAY['text', 'jsonb', 'text', 'interval', 'interval', 'bytea'], 'idem_claim_result');
+SELECT is(pg_get_function_arguments('idem_claim(text,jsonb,text,interval,interval,bytea)'::regprocedure),
+          'key text, request jsonb DEFAULT NULL::jsonb, scope text DEFAULT ''''::text, '
+          'ttl interval DEFAULT NULL::interval, lease interval DEFAULT NULL::interval, '
+          'fingerprint bytea DEFAULT NULL::bytea',
+          'idem_claim argument names and defaults');
+SELECT volatility_is('idem_claim', ARRAY['text', 'jsonb', 'text', 'interval', 'interval', 'bytea'], 'volatile');
+SELECT isnt_strict('idem_claim', ARRAY['text', 'jsonb', 'text', 'interval', 'interval', 'bytea']);
+SELECT isnt_definer('idem_claim', ARRAY['text', 'jsonb', 'text', 'interval', 'interval', 'bytea']);
+SELECT function_lang_is('idem_claim', ARRAY['text', 'jsonb', 'text', 'interval', 'interval', 'bytea'], 'c');
+
+-- idem_complete
+SELECT has_function('idem_complete', ARRAY['text', 'jsonb', 'integer', 'text', 'integer']);
+SELECT function_returns('idem_complete', ARRAY['text', 'jsonb', 'integer', 'text', 'integer'], 'idem_keys');
+SELECT is(pg_get_function_arguments('idem_complete(text,jsonb,integer,text,integer)'::regprocedure),
+          'key text, response jsonb, response_code integer DEFAULT 200, scope text DEFAULT ''''::text, '
+          'attempt integer DEFAULT NULL::integer',
+          'idem_complete argument names and defaults');
+SELECT volatility_is('idem_complete', ARRAY['text', 'jsonb', 'integer', 'text', 'integer'], 'volatile');
+SELECT isnt_strict('idem_complete', ARRAY['text', 'jsonb', 'integer', 'text', 'integer']);
+SELECT isnt_definer('idem_complete', ARRAY['text', 'jsonb', 'integer', 'text', 'integer']);
+SELECT function_lang_is('idem_complete', ARRAY['text', 'jsonb', 'integer', 'text', 'integer'], 'c');
+
+-- idem_fail
+SELECT has_function('idem_fail', ARRAY['text', 'jsonb', 'integer', 'boolean', 'text', 'integer']);
+SELECT function_returns('idem_fail', ARRAY['text', 'jsonb', 'integer', 'boolean', 'text', 'integer'], 'idem_keys');
+SELECT is(pg_get_function_arguments('idem_fail(text,jsonb,integer,boolean,text,integer)'::regprocedure),
+          'key text, response jsonb DEFAULT NULL::jsonb, response_code integer DEFAULT 500, '
+          'retryable boolean DEFAULT true, scope text DEFAULT ''''::text, attempt integer DEFAULT NULL::integer',
+          'idem_fail argument names and defaults');
+SELECT volatility_is('idem_fail', ARRAY['text', 'jsonb', 'integer', 'boolean', 'text', 'integer'], 'volatile');
+SELECT isnt_strict('idem_fail', ARRAY['text', 'jsonb', 'integer', 'boolean', 'text', 'integer']);
+SELECT isnt_definer('idem_fail', ARRAY['text', 'jsonb', 'integer', 'boolean', 'text', 'integer']);
+SELECT function_lang_is('idem_fail', ARRAY['text', 'jsonb', 'integer', 'boolean', 'text', 'integer'], 'c');
+
+-- idem_lookup
+SELECT has_function('idem_lookup', ARRAY['text', 'text']);
+SELECT function_returns('idem_lookup', ARRAY['text', 'text'], 'idem_keys');
+SELECT is(pg_get_function_arguments('idem_lookup(text,text)'::regprocedure),
+          'key text, scope text DEFAULT ''''::text',
+          'idem_lookup argument names and defaults');
+SELECT volatility_is('idem_lookup', ARRAY['text', 'text'], 'volatile');
+SELECT isnt_strict('idem_lookup', ARRAY['text', 'text']);
+SELECT isnt_definer('idem_lookup', ARRAY['text', 'text']);
+SELECT function_lang_is('idem_lookup', ARRAY['text', 'text'], 'c');
+
+-- idem_reap
+SELECT has_function('idem_reap', ARRAY['integer']);
+SELECT function_returns('idem_reap', ARRAY['integer'], 'bigint');
+SELECT is(pg_get_function_arguments('idem_reap(integer)'::regprocedure),
+          'max_rows integer DEFAULT NULL::integer',
+          'idem_reap argument names and defaults');
+SELECT volatility_is('idem_reap', ARRAY['integer'], 'volatile');
+SELECT isnt_strict('idem_reap', ARRAY['integer']);
+SELECT isnt_definer('idem_reap', ARRAY['integer']);
+SELECT function_lang_is('idem_reap', ARRAY['integer'], 'c');
+
+-- idem_reap_all (a procedure: it commits per batch)
+SELECT has_function('idem_reap_all', ARRAY['integer', 'bigint']);
+SELECT is_procedure('idem_reap_all', ARRAY['integer', 'bigint']);
+SELECT is(pg_get_function_arguments('idem_reap_all(integer,bigint)'::regprocedure),
+          'IN batch_size integer DEFAULT NULL::integer, INOUT reaped bigint DEFAULT NULL::bigint',
+          'idem_reap_all argument names, modes and defaults');
+SELECT volatility_is('idem_reap_all', ARRAY['integer', 'bigint'], 'volatile');
+SELECT isnt_strict('idem_reap_all', ARRAY['integer', 'bigint']);
+SELECT isnt_definer('idem_reap_all', ARRAY['integer', 'bigint']);
+SELECT is((SELECT proconfig FROM pg_proc WHERE oid = 'idem_reap_all(integer,bigint)'::regprocedure),
+          NULL, 'idem_reap_all has no SET clause (it could not COMMIT with one)');
+
+-- Writers must not run in parallel workers
+SELECT is((SELECT proparallel::text FROM pg_proc WHERE oid = 'idem_claim(text,jsonb,text,interval,interval,bytea)'::regprocedure),
+          'u', 'idem_claim is PARALLEL UNSAFE');
+SELECT is((SELECT proparallel::text FROM pg_proc WHERE oid = 'idem_complete(text,jsonb,integer,text,integer)'::regprocedure),
+          'u', 'idem_complete is PARALLEL UNSAFE');
+SELECT is((SELECT proparallel::text FROM pg_proc WHERE oid = 'idem_fail(text,jsonb,integer,boolean,text,integer)'::regprocedure),
+          'u', 'idem_fail is PARALLEL UNSAFE');
+SELECT is((SELECT proparallel::text FROM pg_proc WHERE oid = 'idem_reap(integer)'::regprocedure),
+          'u', 'idem_reap is PARALLEL UNSAFE');
+
+-- Every routine can be executed by PUBLIC (access is governed by the table privileges)
+SELECT is((SELECT count(*)::int FROM pg_proc
+            WHERE oid IN ('idem_claim(text,jsonb,text,interval,interval,bytea)'::regprocedure,
+                          'idem_complete(text,jsonb,integer,text,integer)'::regprocedure,
+                          'idem_fail(text,jsonb,integer,boolean,text,integer)'::regprocedure,
+                          'idem_lookup(text,text)'::regprocedure,
+                          'idem_reap(integer)'::regprocedure,
+                          'idem_reap_all(integer,bigint)'::regprocedure)
+              AND has_function_privilege('public', oid, 'EXECUTE')),
+          6, 'PUBLIC may execute every routine');
+
+SELECT * FROM finish();
+ROLLBACK;
