@@ -15,7 +15,7 @@ void
 reject_null(FunctionCallInfo fcinfo, int arg, const char *name)
 {
 	if (PG_ARGISNULL(arg))
-		ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 		                errmsg("argument \"%s\" must not be null", name)));
 }
 
@@ -30,12 +30,12 @@ key_arg(FunctionCallInfo fcinfo, int arg)
 	for (int i = 0; i < len; i++)
 	{
 		if (bytes[i] < 0x20 || bytes[i] > 0x7E)
-			ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 			                errmsg("argument \"key\" must contain only printable ASCII characters"),
 			                errdetail("Byte %d is 0x%02X.", i + 1, bytes[i])));
 	}
 	if (len < 1 || len > setting_max_key_length)
-		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 		                errmsg("argument \"key\" must be 1 to %d characters long", setting_max_key_length),
 		                errdetail("It is %d characters long.", len)));
 	return PointerGetDatum(key);
@@ -47,7 +47,7 @@ scope_arg(FunctionCallInfo fcinfo, int arg)
 	reject_null(fcinfo, arg, "scope");
 	text *scope = PG_GETARG_TEXT_PP(arg);
 	if (VARSIZE_ANY_EXHDR(scope) > max_scope_bytes)
-		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 		                errmsg("argument \"scope\" must be at most %d bytes long", max_scope_bytes),
 		                errdetail("It is %d bytes long.", (int) VARSIZE_ANY_EXHDR(scope))));
 	return PointerGetDatum(scope);
@@ -64,7 +64,7 @@ duration_arg(FunctionCallInfo fcinfo, int arg, const char *name)
 	Interval *value = PG_GETARG_INTERVAL_P(arg);
 	if (!DatumGetBool(DirectFunctionCall2(interval_gt, PointerGetDatum(value), PointerGetDatum(&zero))) ||
 	    !DatumGetBool(DirectFunctionCall2(interval_le, PointerGetDatum(value), PointerGetDatum(&hundred_years))))
-		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 		                errmsg("argument \"%s\" must be a positive interval of at most 100 years", name)));
 	return value;
 }
@@ -126,7 +126,7 @@ IDEM_SQL_FUNCTION(idem_claim)
 		bytea *given = PG_GETARG_BYTEA_PP(5);
 		int len = VARSIZE_ANY_EXHDR(given);
 		if (len < 1 || len > max_fingerprint_bytes)
-			ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 			                errmsg("argument \"fingerprint\" must be 1 to %d bytes long", max_fingerprint_bytes),
 			                errdetail("It is %d bytes long.", len)));
 		in.has_fingerprint = true;
@@ -211,7 +211,7 @@ IDEM_SQL_FUNCTION(idem_reap)
 	{
 		max_rows = PG_GETARG_INT32(0);
 		if (max_rows < 1)
-			ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 			                errmsg("argument \"max_rows\" must be at least 1")));
 	}
 	PG_RETURN_INT64(reap(max_rows));

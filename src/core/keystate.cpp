@@ -74,7 +74,7 @@ static void
 check_serializable(KeyTable *kt)
 {
 	if (IsolationUsesXactSnapshot() && !keytable_found_visible_to(kt, GetTransactionSnapshot()))
-		ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 		                errmsg("could not serialize access due to concurrent update")));
 }
 
@@ -82,7 +82,7 @@ static void
 serialization_failure_after(TM_Result result)
 {
 	if (IsolationUsesXactSnapshot())
-		ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 		                errmsg("could not serialize access due to concurrent %s",
 		                       result == TM_Deleted ? "delete" : "update")));
 }
@@ -115,7 +115,7 @@ takeover_row(const KeyTable *kt, const ClaimInput *in, TimestampTz now, KeyRow *
 {
 	int32 attempt = DatumGetInt32(row->value[COL_ATTEMPT]);
 	if (attempt == PG_INT32_MAX)
-		ereport(ERROR, (errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
 		                errmsg("idempotency key \"%s\" has been taken over too many times", key_text(in->key))));
 	row->value[COL_ATTEMPT] = Int32GetDatum(attempt + 1);
 	set_state(kt, row, STATE_PENDING);
@@ -172,7 +172,7 @@ claim(const ClaimInput *in, ClaimOutput *out)
 			check_serializable(&kt);
 		keytable_read(&kt, kt.found, &row);
 		if (fingerprints_distinct(&row, in))
-			ereport(ERROR, (errcode(ERRCODE_IDEM_KEY_MISMATCH),
+			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_KEY_MISMATCH),
 			                errmsg("idempotency key \"%s\" was already used with a different request",
 			                       key_text(in->key)),
 			                errhint("Use a new idempotency key for a different request.")));
@@ -240,7 +240,7 @@ finish(const FinishInput *in)
 	{
 		CHECK_FOR_INTERRUPTS();
 		if (!keytable_find_latest(&kt, in->scope, in->key))
-			ereport(ERROR, (errcode(ERRCODE_IDEM_KEY_NOT_FOUND),
+			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_KEY_NOT_FOUND),
 			                errmsg("idempotency key \"%s\" does not exist", key_text(in->key))));
 		if (!TransactionIdIsCurrentTransactionId(keytable_found_xmin(&kt)))
 			check_serializable(&kt);
@@ -249,12 +249,12 @@ finish(const FinishInput *in)
 		keytable_read(&kt, kt.found, &row);
 		int32 attempt = DatumGetInt32(row.value[COL_ATTEMPT]);
 		if (in->has_attempt && in->attempt != attempt)
-			ereport(ERROR, (errcode(ERRCODE_IDEM_ATTEMPT_STALE),
+			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_ATTEMPT_STALE),
 			                errmsg("attempt %d of idempotency key \"%s\" is stale", in->attempt,
 			                       key_text(in->key)),
 			                errdetail("The key was taken over; its current attempt is %d.", attempt)));
 		if (!row_in_state(&kt, &row, STATE_PENDING))
-			ereport(ERROR, (errcode(ERRCODE_IDEM_KEY_NOT_PENDING),
+			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_KEY_NOT_PENDING),
 			                errmsg("idempotency key \"%s\" is not pending", key_text(in->key)),
 			                errdetail("The key is already %s.", state_name(&kt, &row))));
 
