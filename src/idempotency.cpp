@@ -2,6 +2,8 @@
 #include "access/catalog.hpp"
 #include "common/pg.hpp"
 #include "common/settings.hpp"
+#include "stats/stats.hpp"
+#include "worker/worker.hpp"
 
 extern "C" {
 PG_MODULE_MAGIC;
@@ -11,7 +13,16 @@ void _PG_init(void);
 void
 _PG_init(void)
 {
+	// pg_upgrade's server runs no worker and needs nothing from us.
+	if (IsBinaryUpgrade)
+		return;
 	idem::define_settings();
 	idem::catalog_register_invalidation();
+	// Shared memory (idem_stats) and the background reaper exist only when preloaded.
+	if (process_shared_preload_libraries_in_progress)
+	{
+		idem::stats_request_shmem();
+		idem::worker_register();
+	}
 }
 }

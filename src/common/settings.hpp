@@ -7,6 +7,10 @@ extern int setting_default_ttl_s;     // idempotency.default_ttl, seconds
 extern int setting_default_lease_ms;  // idempotency.default_lease, milliseconds
 extern int setting_max_key_length;    // idempotency.max_key_length, characters
 extern int setting_reaper_batch_size; // idempotency.reaper_batch_size, rows
+extern bool setting_reaper_enabled;    // idempotency.reaper_enabled
+extern int setting_reaper_naptime_s;  // idempotency.reaper_naptime, seconds
+extern char *setting_reaper_databases; // idempotency.reaper_databases, '' = all
+extern int setting_reaper_log_level;  // idempotency.reaper_log_level, an elevel
 
 void define_settings();
 

@@ -2,6 +2,7 @@
 
 #include "common/errors.hpp"
 #include "common/settings.hpp"
+#include "stats/stats.hpp"
 
 namespace idem {
 
@@ -148,6 +149,7 @@ claim(const ClaimInput *in, ClaimOutput *out)
 {
 	KeyTable kt;
 	keytable_open(&kt, Access::write, "idem_claim()");
+	stats_count(Counter::claims);
 	out->inserted = false;
 	out->retry_after = nullptr;
 
@@ -162,6 +164,7 @@ claim(const ClaimInput *in, ClaimOutput *out)
 				continue; // a concurrent insert won; look again and wait for it
 			out->outcome = Outcome::claimed;
 			out->inserted = true;
+			stats_count(Counter::inserted);
 			copy_out(&kt, &row, out);
 			CommandCounterIncrement();
 			break;
@@ -171,7 +174,9 @@ claim(const ClaimInput *in, ClaimOutput *out)
 		if (!own)
 			check_serializable(&kt);
 		keytable_read(&kt, kt.found, &row);
-		if (fingerprints_distinct(&row, in))
+		bool mismatch = fingerprints_distinct(&row, in);
+		stats_count(Counter::mismatches, mismatch);
+		if (mismatch)
 			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_KEY_MISMATCH),
 			                errmsg("idempotency key \"%s\" was already used with a different request",
 			                       key_text(in->key)),
@@ -189,18 +194,21 @@ claim(const ClaimInput *in, ClaimOutput *out)
 		if (own)
 		{
 			out->outcome = pending ? Outcome::claimed : Outcome::replay;
+			stats_count(Counter::replays, !pending);
 			copy_out(&kt, &row, out);
 			break;
 		}
 		if (terminal)
 		{
 			out->outcome = Outcome::replay;
+			stats_count(Counter::replays);
 			copy_out(&kt, &row, out);
 			break;
 		}
 		if (lease_live)
 		{
 			out->outcome = Outcome::in_progress;
+			stats_count(Counter::in_progress);
 			out->retry_after = DatumGetIntervalP(DirectFunctionCall2(
 			    timestamp_mi, row.value[COL_LOCKED_UNTIL], TimestampTzGetDatum(now)));
 			copy_out(&kt, &row, out);
@@ -215,6 +223,7 @@ claim(const ClaimInput *in, ClaimOutput *out)
 			continue; // changed since we read it: decide again on the new version
 		}
 		out->outcome = Outcome::claimed;
+		stats_count(Counter::takeovers);
 		copy_out(&kt, &row, out);
 		CommandCounterIncrement();
 		break;
@@ -279,6 +288,7 @@ finish(const FinishInput *in)
 		serialization_failure_after(result);
 	}
 	CommandCounterIncrement();
+	stats_count(in->to == STATE_SUCCEEDED ? Counter::completes : Counter::fails);
 	Datum finished = keytable_written_datum(&kt);
 	keytable_close(&kt);
 	return finished;
@@ -323,6 +333,7 @@ reap(int32 max_rows)
 	}
 	keytable_expiry_end(&scan);
 	UnregisterSnapshot(snapshot);
+	stats_reaped(reaped);
 	if (reaped > 0)
 		CommandCounterIncrement();
 	keytable_close(&kt);
