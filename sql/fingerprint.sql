@@ -1,0 +1,170 @@
+--
+-- Request fingerprints (SPEC §3) and IK001: equivalent JSON gives one fingerprint, the scope is
+-- part of it, an explicit fingerprint is stored as is, NULL is distinct from any fingerprint, and
+-- the mismatch check comes before every other outcome.
+-- Keys of this file live in scopes 'fp' and 'fp-b' (and key 'fp-%' in scope '').
+--
+\pset null '(null)'
+-- expect_error(sql): runs sql and reports its outcome as a NOTICE: "SQLSTATE: message" (with the
+-- error's DETAIL and HINT), or "no error".  The statement runs in a subtransaction.
+CREATE PROCEDURE pg_temp.expect_error(sql text)
+LANGUAGE plpgsql AS $proc$
+DECLARE
+    code text;
+    msg  text;
+    det  text;
+    hnt  text;
+BEGIN
+    EXECUTE sql;
+    RAISE NOTICE 'no error';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
+                            det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+    IF det <> '' AND hnt <> '' THEN
+        RAISE NOTICE '%: %', code, msg USING DETAIL = det, HINT = hnt;
+    ELSIF det <> '' THEN
+        RAISE NOTICE '%: %', code, msg USING DETAIL = det;
+    ELSIF hnt <> '' THEN
+        RAISE NOTICE '%: %', code, msg USING HINT = hnt;
+    ELSE
+        RAISE NOTICE '%: %', code, msg;
+    END IF;
+END
+$proc$;
+
+-- 1. The fingerprint is SHA-256(scope, 0x00, canonical jsonb text).
+SELECT outcome, inserted FROM idem_claim('fp-1', '{"b": [1, 2], "a": 1, "c": {"y": null, "x": "s"}}', 'fp');
+SELECT fingerprint = sha256(convert_to('fp', 'UTF8') || '\x00'::bytea
+                            || convert_to('{"a": 1, "b": [1, 2], "c": {"x": "s", "y": null}}', 'UTF8'))
+           AS is_sha256_of_scope_nul_jsonb,
+       length(fingerprint) AS bytes
+FROM idem_keys WHERE scope = 'fp' AND key = 'fp-1';
+-- same with the default scope '' (the fingerprint then starts with the 0x00 byte)
+SELECT outcome, inserted FROM idem_claim('fp-default', '[1, "two", 3.0]');
+SELECT fingerprint = sha256('\x00'::bytea || convert_to('[1, "two", 3.0]'::jsonb::text, 'UTF8'))
+           AS is_sha256_of_nul_jsonb
+FROM idem_keys WHERE scope = '' AND key = 'fp-default';
+-- a scalar request: the bytes 'fp', 0x00, '"text"'
+SELECT outcome, inserted FROM idem_claim('fp-scalar', '"text"', 'fp');
+SELECT fingerprint = sha256('\x6670'::bytea || '\x00'::bytea || '\x227465787422'::bytea)
+           AS scalar_fingerprint
+FROM idem_keys WHERE scope = 'fp' AND key = 'fp-scalar';
+
+-- 2. Equivalent JSON (key order, whitespace, duplicate keys: the last one wins in jsonb) is the
+-- same request: no error.
+SELECT outcome, inserted, state FROM idem_claim('fp-1', '{"c":{"x":"s","y":null},"a":1,"b":[1,2]}', 'fp');
+SELECT outcome, inserted, state FROM idem_claim('fp-1', '{ "a" : 0 , "b" : [ 1 , 2 ] , "c" : { "y" : null , "x" : "s" } , "a" : 1 }', 'fp');
+SELECT state FROM idem_complete('fp-1', '{"done": true}', scope => 'fp');
+SELECT outcome, inserted, state, response FROM idem_claim('fp-1', '{"a":1,"c":{"y":null,"x":"s"},"b":[1,2]}', 'fp');
+
+-- 3. A different request with the same key: IK001 (the message names the key, never the
+-- request), whatever the key's state; nothing is written.
+SELECT xmin AS xmin_before FROM idem_keys WHERE scope = 'fp' AND key = 'fp-1' \gset
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-1', '{"a": 2, "b": [1, 2], "c": {"x": "s", "y": null}}', 'fp')$$);
+-- array order matters in JSON
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-1', '{"a": 1, "b": [2, 1], "c": {"x": "s", "y": null}}', 'fp')$$);
+-- a missing member is a different request
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-1', '{"a": 1, "b": [1, 2]}', 'fp')$$);
+-- a string "1" is not the number 1
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-1', '{"a": "1", "b": [1, 2], "c": {"x": "s", "y": null}}', 'fp')$$);
+-- 1.0 equals 1 as jsonb, but the fingerprint hashes the text, which keeps the number as written
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-1', '{"a": 1.0, "b": [1, 2], "c": {"x": "s", "y": null}}', 'fp')$$);
+-- a request with a secret: the error does not show it
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-1', '{"card": "4111111111111111"}', 'fp')$$);
+SELECT xmin::text = :'xmin_before' AS row_not_written, state, attempt, response
+FROM idem_keys WHERE scope = 'fp' AND key = 'fp-1';
+
+-- 4. NULL request vs a stored fingerprint, and a request vs a stored NULL: distinct, IK001.
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-1', NULL, 'fp')$$);
+SELECT outcome, inserted FROM idem_claim('fp-none', NULL, 'fp');
+SELECT fingerprint FROM idem_keys WHERE scope = 'fp' AND key = 'fp-none';
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-none', '{}', 'fp')$$);
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-none', 'null', 'fp')$$);
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-none', NULL, 'fp', fingerprint => '\x00')$$);
+-- NULL with NULL is not distinct: in_progress
+SELECT outcome, inserted, attempt FROM idem_claim('fp-none', NULL, 'fp');
+-- JSON null is a request (its fingerprint is not NULL)
+SELECT outcome, inserted FROM idem_claim('fp-jsonnull', 'null', 'fp');
+SELECT fingerprint IS NOT NULL AS has_fingerprint FROM idem_keys WHERE scope = 'fp' AND key = 'fp-jsonnull';
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-jsonnull', NULL, 'fp')$$);
+SELECT outcome, inserted FROM idem_claim('fp-jsonnull', 'null', 'fp');
+
+-- 5. The same request under two scopes gives two different fingerprints.
+SELECT outcome, inserted FROM idem_claim('fp-2', '{"amount": 5}', 'fp');
+SELECT outcome, inserted FROM idem_claim('fp-2', '{"amount": 5}', 'fp-b');
+SELECT count(*) AS keys, count(DISTINCT fingerprint) AS fingerprints
+FROM idem_keys WHERE key = 'fp-2';
+SELECT bool_and(fingerprint = sha256(convert_to(scope, 'UTF8') || '\x00'::bytea
+                                     || convert_to('{"amount": 5}', 'UTF8'))) AS both_sha256
+FROM idem_keys WHERE key = 'fp-2';
+-- the 0x00 byte separates scope and request: scope 'fpx1' with request 2 and scope 'fpx' with
+-- request 12 (both "fpx12" if simply concatenated) give different fingerprints
+SELECT outcome FROM idem_claim('fp-cut', '2', 'fpx1');
+SELECT outcome FROM idem_claim('fp-cut', '12', 'fpx');
+SELECT count(DISTINCT fingerprint) AS fingerprints,
+       bool_and(fingerprint = sha256(convert_to(scope, 'UTF8') || '\x00'::bytea
+                                     || convert_to(CASE scope WHEN 'fpx1' THEN '2' ELSE '12' END, 'UTF8')))
+           AS both_sha256
+FROM idem_keys WHERE key = 'fp-cut';
+
+-- 6. An explicit fingerprint is stored and compared as is (it wins over request).
+SELECT outcome, inserted FROM idem_claim('fp-3', NULL, 'fp', fingerprint => '\x0102');
+SELECT fingerprint = '\x0102'::bytea AS stored_as_is FROM idem_keys WHERE scope = 'fp' AND key = 'fp-3';
+SELECT outcome, inserted FROM idem_claim('fp-3', NULL, 'fp', fingerprint => '\x0102');
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-3', NULL, 'fp', fingerprint => '\x0103')$$);
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-3', NULL, 'fp', fingerprint => '\x010200')$$);
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-3', NULL, 'fp')$$);
+-- request and fingerprint both given: the fingerprint is used, the request is not hashed
+SELECT outcome, inserted FROM idem_claim('fp-4', '{"x": 1}', 'fp', fingerprint => '\xaa');
+SELECT fingerprint = '\xaa'::bytea AS stored_as_is FROM idem_keys WHERE scope = 'fp' AND key = 'fp-4';
+SELECT outcome, inserted FROM idem_claim('fp-4', '{"x": 2}', 'fp', fingerprint => '\xaa');
+SELECT outcome, inserted FROM idem_claim('fp-4', NULL, 'fp', fingerprint => '\xaa');
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-4', '{"x": 1}', 'fp')$$);
+-- a fingerprint given explicitly equal to the computed one matches a request-based claim
+SELECT outcome, inserted FROM idem_claim('fp-5', '{"k": "v"}', 'fp');
+SELECT outcome, inserted
+FROM idem_claim('fp-5', NULL, 'fp',
+                fingerprint => sha256(convert_to('fp', 'UTF8') || '\x00'::bytea
+                                      || convert_to('{"k": "v"}', 'UTF8')));
+-- 1 and 64 bytes are accepted; 0 and 65 are 22023
+SELECT outcome, inserted FROM idem_claim('fp-6', NULL, 'fp', fingerprint => '\xff');
+SELECT outcome, inserted FROM idem_claim('fp-7', NULL, 'fp', fingerprint => decode(repeat('ab', 64), 'hex'));
+SELECT key, length(fingerprint) AS bytes FROM idem_keys
+WHERE scope = 'fp' AND key IN ('fp-6', 'fp-7') ORDER BY key;
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-8', NULL, 'fp', fingerprint => '\x')$$);
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-8', NULL, 'fp', fingerprint => decode(repeat('ab', 65), 'hex'))$$);
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-8', '{}', 'fp', fingerprint => '\x')$$);
+-- the length check comes before the key is read: also for an existing key
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-6', NULL, 'fp', fingerprint => decode(repeat('ff', 65), 'hex'))$$);
+SELECT count(*) AS keys FROM idem_keys WHERE scope = 'fp' AND key = 'fp-8';
+
+-- 7. The fingerprint check comes first: before in_progress, replay and takeover.
+-- pending, live lease: IK001, not in_progress
+SELECT outcome FROM idem_claim('fp-order-1', '{"v": 1}', 'fp');
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-order-1', '{"v": 2}', 'fp')$$);
+-- pending, expired lease: IK001, no takeover (attempt stays 1)
+SELECT outcome FROM idem_claim('fp-order-2', '{"v": 1}', 'fp', lease => '10 ms');
+SELECT pg_sleep(0.05);
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-order-2', '{"v": 2}', 'fp')$$);
+SELECT state, attempt FROM idem_keys WHERE scope = 'fp' AND key = 'fp-order-2';
+-- the same request takes it over
+SELECT outcome, inserted, attempt FROM idem_claim('fp-order-2', '{"v": 1}', 'fp');
+-- failed (retryable): IK001, no takeover
+SELECT state FROM idem_fail('fp-order-2', scope => 'fp');
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-order-2', '{"v": 2}', 'fp')$$);
+SELECT state, attempt FROM idem_keys WHERE scope = 'fp' AND key = 'fp-order-2';
+-- the fingerprint survives takeovers: still the first request's
+SELECT outcome, attempt FROM idem_claim('fp-order-2', '{"v": 1}', 'fp');
+SELECT fingerprint = sha256(convert_to('fp', 'UTF8') || '\x00'::bytea || convert_to('{"v": 1}', 'UTF8'))
+           AS first_fingerprint_kept
+FROM idem_keys WHERE scope = 'fp' AND key = 'fp-order-2';
+-- failed (not retryable) and succeeded: IK001, not replay
+SELECT state FROM idem_fail('fp-order-2', NULL, 400, false, 'fp');
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-order-2', '{"v": 2}', 'fp')$$);
+SELECT state FROM idem_complete('fp-order-1', '{}', scope => 'fp');
+CALL pg_temp.expect_error($$SELECT idem_claim('fp-order-1', '{"v": 2}', 'fp')$$);
+-- complete and fail do not look at fingerprints
+SELECT outcome FROM idem_claim('fp-order-3', '{"v": 1}', 'fp');
+SELECT state FROM idem_complete('fp-order-3', '{"v": 99}', scope => 'fp');
+
+DELETE FROM idem_keys WHERE scope IN ('fp', 'fp-b', 'fpx', 'fpx1') OR (scope = '' AND key LIKE 'fp-%');
