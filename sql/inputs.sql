@@ -162,12 +162,14 @@ CALL pg_temp.expect_error($$SELECT idem_claim('in-2', NULL, 'in', '1 s', '1 s', 
 SELECT count(*) AS keys FROM in_keys;
 -- the bounds themselves are accepted
 SELECT outcome, inserted FROM idem_claim('in-2', NULL, 'in', ttl => '100 years', lease => '100 years');
-SELECT outcome, inserted FROM idem_claim('in-3', NULL, 'in', ttl => '1 microsecond', lease => '1 microsecond');
+-- (in-3's lease and in-3b's ttl are long so that a background reaper cannot remove either)
+SELECT outcome, inserted FROM idem_claim('in-3', NULL, 'in', ttl => '1 microsecond', lease => '1 hour');
+SELECT outcome, inserted FROM idem_claim('in-3b', NULL, 'in', ttl => '1 hour', lease => '1 microsecond');
 SELECT key, expires_at = created_at + interval '100 years' AS ttl_100_years,
        locked_until = created_at + interval '100 years' AS lease_100_years,
        expires_at = created_at + interval '1 microsecond' AS ttl_1us,
        locked_until = created_at + interval '1 microsecond' AS lease_1us
-FROM idem_keys WHERE scope = 'in' AND key IN ('in-2', 'in-3') ORDER BY key;
+FROM idem_keys WHERE scope = 'in' AND key IN ('in-2', 'in-3', 'in-3b') ORDER BY key;
 -- 1200 months = 100 years; 36000 days is not more than 100 years either: accepted
 SELECT outcome, inserted FROM idem_claim('in-4', NULL, 'in', ttl => '1200 mons', lease => '36000 days');
 
@@ -252,4 +254,5 @@ CALL pg_temp.expect_error($$SELECT idem_claim(U&'\20AC')$$);
 CALL pg_temp.expect_error($$SELECT idem_lookup(U&'ab\00E9c')$$);
 SELECT count(*) AS keys FROM idem_keys;
 \c :regress_database
-DROP DATABASE regress_idem_utf8;
+-- FORCE: a background reaper (library preloaded) may be connected to it
+DROP DATABASE regress_idem_utf8 WITH (FORCE);

@@ -86,11 +86,13 @@ SELECT inserted AS i0, updated AS u0, deleted AS d0 FROM pg_temp.writes \gset
 SELECT outcome, attempt FROM idem_claim('st-4', NULL, 'st');
 SELECT inserted - :i0 AS inserted, updated - :u0 AS updated, deleted - :d0 AS deleted FROM pg_temp.writes;
 COMMIT;
--- reap: one delete per key
+-- reap: one delete per key.  (With the library preloaded, a background reaper may visit this
+-- database at any moment; a SHARE lock on idem_keys keeps it out until the transaction ends.)
+BEGIN;
+LOCK TABLE idem_keys IN SHARE MODE;
 SELECT count(*) AS claimed
 FROM generate_series(1, 4) g, LATERAL idem_claim('st-exp-' || g, NULL, 'st', ttl => '10 ms', lease => '10 ms') c;
-SELECT pg_sleep(0.05);
-BEGIN;
+SELECT pg_sleep(0.02);
 SELECT inserted AS i0, updated AS u0, deleted AS d0 FROM pg_temp.writes \gset
 SELECT idem_reap();
 SELECT inserted - :i0 AS inserted, updated - :u0 AS updated, deleted - :d0 AS deleted FROM pg_temp.writes;
@@ -102,7 +104,7 @@ COMMIT;
 SELECT count(*) AS claimed
 FROM generate_series(1, 600) g,
      LATERAL idem_claim('st-churn-' || g, jsonb_build_object('g', g), 'st-churn',
-                        ttl => CASE WHEN g % 5 = 0 THEN interval '10 ms' ELSE interval '1 day' END,
+                        ttl => CASE WHEN g % 5 = 0 THEN interval '500 ms' ELSE interval '1 day' END,
                         lease => CASE WHEN g % 3 = 0 THEN interval '10 ms' ELSE interval '1 hour' END) c
 WHERE c.inserted;
 SELECT count(*) AS completed
@@ -111,7 +113,10 @@ FROM generate_series(1, 600, 2) g,
 SELECT count(*) AS failed
 FROM generate_series(2, 600, 4) g,
      LATERAL idem_fail('st-churn-' || g, NULL, 503, g % 8 = 2, 'st-churn') c;
-SELECT pg_sleep(0.05);
+-- the keys with a short ttl expire only once the background reaper is locked out
+BEGIN;
+LOCK TABLE idem_keys IN SHARE MODE;
+SELECT pg_sleep(0.5);
 SELECT c.outcome, c.inserted, c.attempt, count(*)
 FROM generate_series(1, 600) g,
      LATERAL idem_claim('st-churn-' || g, jsonb_build_object('g', g), 'st-churn', ttl => '2 days') c
@@ -123,6 +128,7 @@ FROM generate_series(1, 600) g,
      LATERAL idem_claim('st-churn-' || g, jsonb_build_object('g', g), 'st-churn') c
 WHERE c.inserted;
 SELECT state, count(*) FROM idem_keys WHERE scope = 'st-churn' GROUP BY 1 ORDER BY 1;
+COMMIT;
 SELECT bt_index_check('idem_keys_pkey', true);
 SELECT bt_index_parent_check('idem_keys_pkey', true);
 SELECT bt_index_check('idem_keys_expires_at_idx', true);
