@@ -261,7 +261,7 @@ finish(const FinishInput *in)
 			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_ATTEMPT_STALE),
 			                errmsg("attempt %d of idempotency key \"%s\" is stale", in->attempt,
 			                       key_text(in->key)),
-			                in->attempt < attempt
+			                attempt > 1
 			                    ? errdetail("The key was taken over; its current attempt is %d.", attempt)
 			                    : errdetail("The key has not been taken over; its current attempt is %d.", attempt)));
 		if (!row_in_state(&kt, &row, STATE_PENDING))
