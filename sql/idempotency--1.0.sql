@@ -99,7 +99,7 @@ DECLARE
     n bigint;
 BEGIN
     IF batch_size < 1 THEN
-        RAISE EXCEPTION 'batch_size must be at least 1'
+        RAISE EXCEPTION 'argument "batch_size" must be at least 1'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     reaped := 0;

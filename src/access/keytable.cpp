@@ -88,7 +88,7 @@ keytable_open(KeyTable *kt, Access access, const char *caller)
 	// The access layer cannot apply policies; refusing is the only way not to bypass them.
 	if (kt->rel->rd_rel->relrowsecurity &&
 	    check_enable_rls(RelationGetRelid(kt->rel), InvalidOid, false) == RLS_ENABLED)
-		ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 		                errmsg("%s does not support row-level security on idem_keys", caller),
 		                errhint("Disable row-level security on idem_keys, or use a role that bypasses it.")));
 

@@ -267,7 +267,7 @@ finish(const FinishInput *in)
 		if (!row_in_state(&kt, &row, STATE_PENDING))
 			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_KEY_NOT_PENDING),
 			                errmsg("idempotency key \"%s\" is not pending", key_text(in->key)),
-			                errdetail("The key is already %s.", state_name(&kt, &row))));
+			                errdetail("The key is already finished; its state is %s.", state_name(&kt, &row))));
 
 		set_state(&kt, &row, in->to);
 		row.value[COL_RESPONSE] = in->response;
