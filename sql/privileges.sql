@@ -1,7 +1,7 @@
 --
 -- Privileges (SPEC §7, brief): claim, complete and fail need SELECT, INSERT and UPDATE on
 -- idem_keys, lookup SELECT, reap DELETE; otherwise 42501.  Writers in a read-only transaction:
--- 25006.  Row-level security on idem_keys: 0A000.  max_key_length is superuser-only.
+-- 25006.  Row-level security on idem_keys is enforced.  max_key_length is superuser-only.
 -- Roles are cluster-wide: all are named regress_idem_* and dropped at the end.
 -- Keys of this file live in scope 'pv'.
 --
@@ -172,9 +172,12 @@ RESET default_transaction_read_only;
 SELECT idem_lookup('pv-ro', 'pv') IS NULL AS no_row;
 SELECT key, state FROM idem_keys WHERE scope = 'pv' AND key = 'pv-pending';
 
--- 7. Row-level security enabled on idem_keys is not supported: 0A000 for every role that RLS
--- applies to (never a silent bypass), with or without a policy.  Roles that PostgreSQL itself
--- exempts from RLS (superusers, BYPASSRLS roles) are not affected, as with plain SQL.
+-- 7. Row-level security on idem_keys is enforced, never bypassed: for a role that RLS applies to,
+-- the functions read and write through SQL, where the policies apply.  With RLS enabled and no
+-- policy (default deny) such a role sees no key (IK003, NULL) and cannot create one (42501); the
+-- reap it runs as SQL needs SELECT and UPDATE too (FOR UPDATE SKIP LOCKED).  With a permissive
+-- policy everything works.  Roles that PostgreSQL exempts from RLS (superusers, BYPASSRLS) take
+-- the direct path, as with plain SQL.
 CREATE ROLE regress_idem_bypass BYPASSRLS;
 GRANT SELECT, INSERT, UPDATE, DELETE ON idem_keys TO regress_idem_bypass;
 ALTER TABLE idem_keys ENABLE ROW LEVEL SECURITY;

@@ -7,11 +7,11 @@ static bool cache_valid = false;
 static uint64 cache_generation = 0;
 static uint64 returned_generation = 0;
 
-static const char *const column_names[NUM_COLUMNS] = {
+const char *const column_names[NUM_COLUMNS] = {
 	"scope",     "key",        "state",        "attempt",      "fingerprint", "response",
 	"response_code", "retryable", "created_at", "locked_until", "completed_at", "expires_at"};
 
-static const char *const state_labels[NUM_STATES] = {"pending", "succeeded", "failed"};
+const char *const state_labels[NUM_STATES] = {"pending", "succeeded", "failed"};
 
 static Oid
 extension_namespace()
@@ -60,6 +60,7 @@ static void
 build(Catalog *c)
 {
 	Oid nsp = extension_namespace();
+	c->namespace_oid = nsp;
 	c->relid = relation_in("idem_keys", nsp);
 	c->pkey_oid = relation_in("idem_keys_pkey", nsp);
 	c->expiry_oid = relation_in("idem_keys_expires_at_idx", nsp);
@@ -69,10 +70,11 @@ build(Catalog *c)
 		c->attnum[i] = get_attnum(c->relid, column_names[i]);
 		if (c->attnum[i] == InvalidAttrNumber)
 			elog(ERROR, "idempotency: column \"%s\" of idem_keys does not exist", column_names[i]);
+		c->type[i] = get_atttype(c->relid, c->attnum[i]);
+		get_typlenbyval(c->type[i], &c->typlen[i], &c->typbyval[i]);
 	}
-	Oid state_type = get_atttype(c->relid, c->attnum[COL_STATE]);
 	for (int i = 0; i < NUM_STATES; i++)
-		c->state_label[i] = enum_label(state_type, state_labels[i]);
+		c->state_label[i] = enum_label(c->type[COL_STATE], state_labels[i]);
 
 	// The scan keys' FmgrInfos must outlive this call.
 	MemoryContext old = MemoryContextSwitchTo(CacheMemoryContext);

@@ -25,6 +25,8 @@ enum Column
 	NUM_COLUMNS
 };
 
+extern const char *const column_names[NUM_COLUMNS];
+
 enum KeyState
 {
 	STATE_PENDING,
@@ -33,12 +35,18 @@ enum KeyState
 	NUM_STATES
 };
 
+extern const char *const state_labels[NUM_STATES];
+
 struct Catalog
 {
+	Oid namespace_oid; // the extension's schema
 	Oid relid;
 	Oid pkey_oid;    // idem_keys_pkey: (scope, key)
 	Oid expiry_oid;  // idem_keys_expires_at_idx: (expires_at)
 	AttrNumber attnum[NUM_COLUMNS];
+	Oid type[NUM_COLUMNS];
+	int16 typlen[NUM_COLUMNS];
+	bool typbyval[NUM_COLUMNS];
 	Oid state_label[NUM_STATES]; // pg_enum OIDs of idem_state's labels
 	// Scan-key templates with their comparison functions resolved once; callers copy them and
 	// fill in sk_argument.

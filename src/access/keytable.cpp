@@ -69,7 +69,7 @@ open_indexes(KeyTable *kt)
 		elog(ERROR, "idempotency: primary key of idem_keys not found");
 }
 
-void
+bool
 keytable_open(KeyTable *kt, Access access, const char *caller)
 {
 	memset(kt, 0, sizeof(*kt));
@@ -85,12 +85,15 @@ keytable_open(KeyTable *kt, Access access, const char *caller)
 	if (pg_class_aclmask(RelationGetRelid(kt->rel), GetUserId(), needed, ACLMASK_ALL) != needed)
 		aclcheck_error(ACLCHECK_NO_PRIV, OBJECT_TABLE, RelationGetRelationName(kt->rel));
 
-	// The access layer cannot apply policies; refusing is the only way not to bypass them.
+	// This layer cannot evaluate row-level security policies: when they apply to the caller, the
+	// caller takes the SQL path (policypath.hpp), where the executor applies them.
 	if (kt->rel->rd_rel->relrowsecurity &&
 	    check_enable_rls(RelationGetRelid(kt->rel), InvalidOid, false) == RLS_ENABLED)
-		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-		                errmsg("%s does not support row-level security on idem_keys", caller),
-		                errhint("Disable row-level security on idem_keys, or use a role that bypasses it.")));
+	{
+		table_close(kt->rel, NoLock);
+		kt->rel = nullptr;
+		return false;
+	}
 
 	switch (access)
 	{
@@ -106,6 +109,7 @@ keytable_open(KeyTable *kt, Access access, const char *caller)
 			break;
 	}
 	kt->found = table_slot_create(kt->rel, nullptr);
+	return true;
 }
 
 void

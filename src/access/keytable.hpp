@@ -37,9 +37,10 @@ enum class Access
 	reap,  // idem_reap: DELETE
 };
 
-// Opens idem_keys and, for writers, its indexes; checks privileges as the equivalent SQL would,
-// refuses a read-only transaction for writers (25006) and refuses row-level security (0A000).
-void keytable_open(KeyTable *kt, Access access, const char *caller);
+// Opens idem_keys and, for writers, its indexes; checks privileges as the equivalent SQL would and
+// refuses a read-only transaction for writers (25006). False, with only kt->catalog set, when
+// row-level security applies to the caller: then use the SQL path of policypath.hpp.
+bool keytable_open(KeyTable *kt, Access access, const char *caller);
 void keytable_close(KeyTable *kt);
 
 // Finds the newest version of (scope, key) that is or may become live, as INSERT ... ON CONFLICT's

@@ -1,10 +1,14 @@
 #include "core/keystate.hpp"
 
+#include "access/policypath.hpp"
 #include "common/errors.hpp"
 #include "common/settings.hpp"
 #include "stats/stats.hpp"
 
 namespace idem {
+
+// ---------------------------------------------------------------------------------------------
+// The rules, shared by the table access path and the SQL path (row-level security)
 
 // Leases and expiry are wall-clock time, not the transaction's start.
 static TimestampTz
@@ -20,6 +24,18 @@ plus(TimestampTz t, const Interval *interval, int64 default_usecs)
 		return t + default_usecs;
 	return DatumGetTimestampTz(
 	    DirectFunctionCall2(timestamptz_pl_interval, TimestampTzGetDatum(t), PointerGetDatum(interval)));
+}
+
+static TimestampTz
+lease_end(const ClaimInput *in, TimestampTz now)
+{
+	return plus(now, in->lease, setting_default_lease_ms * INT64CONST(1000));
+}
+
+static TimestampTz
+expiry(const ClaimInput *in, TimestampTz now)
+{
+	return plus(now, in->ttl, setting_default_ttl_s * USECS_PER_SEC);
 }
 
 static const char *
@@ -43,15 +59,15 @@ fingerprints_distinct(const KeyRow *row, const ClaimInput *in)
 }
 
 static bool
-row_in_state(const KeyTable *kt, const KeyRow *row, KeyState state)
+row_in_state(const Catalog *c, const KeyRow *row, KeyState state)
 {
-	return DatumGetObjectId(row->value[COL_STATE]) == kt->catalog.state_label[state];
+	return DatumGetObjectId(row->value[COL_STATE]) == c->state_label[state];
 }
 
 static void
-set_state(const KeyTable *kt, KeyRow *row, KeyState state)
+set_state(const Catalog *c, KeyRow *row, KeyState state)
 {
-	row->value[COL_STATE] = ObjectIdGetDatum(kt->catalog.state_label[state]);
+	row->value[COL_STATE] = ObjectIdGetDatum(c->state_label[state]);
 	row->isnull[COL_STATE] = false;
 }
 
@@ -69,35 +85,23 @@ set_null(KeyRow *row, Column c)
 	row->isnull[c] = true;
 }
 
-// ON CONFLICT's rule at REPEATABLE READ and above: a committed version the transaction's
-// snapshot cannot see is a serialization failure, not something to act on.
 static void
-check_serializable(KeyTable *kt)
+serialization_failure(const char *what)
 {
-	if (IsolationUsesXactSnapshot() && !keytable_found_visible_to(kt, GetTransactionSnapshot()))
-		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-		                errmsg("could not serialize access due to concurrent update")));
+	ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+	                errmsg("could not serialize access due to concurrent %s", what)));
 }
 
 static void
-serialization_failure_after(TM_Result result)
+new_row(const Catalog *c, const ClaimInput *in, TimestampTz now, KeyRow *row)
 {
-	if (IsolationUsesXactSnapshot())
-		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-		                errmsg("could not serialize access due to concurrent %s",
-		                       result == TM_Deleted ? "delete" : "update")));
-}
-
-static void
-new_row(const KeyTable *kt, const ClaimInput *in, TimestampTz now, KeyRow *row)
-{
-	for (int c = 0; c < NUM_COLUMNS; c++)
-		set_null(row, (Column) c);
+	for (int col = 0; col < NUM_COLUMNS; col++)
+		set_null(row, (Column) col);
 	row->value[COL_SCOPE] = in->scope;
 	row->isnull[COL_SCOPE] = false;
 	row->value[COL_KEY] = in->key;
 	row->isnull[COL_KEY] = false;
-	set_state(kt, row, STATE_PENDING);
+	set_state(c, row, STATE_PENDING);
 	row->value[COL_ATTEMPT] = Int32GetDatum(1);
 	row->isnull[COL_ATTEMPT] = false;
 	if (in->has_fingerprint)
@@ -106,193 +110,384 @@ new_row(const KeyTable *kt, const ClaimInput *in, TimestampTz now, KeyRow *row)
 		row->isnull[COL_FINGERPRINT] = false;
 	}
 	set_timestamp(row, COL_CREATED_AT, now);
-	set_timestamp(row, COL_LOCKED_UNTIL, plus(now, in->lease, setting_default_lease_ms * INT64CONST(1000)));
-	set_timestamp(row, COL_EXPIRES_AT, plus(now, in->ttl, setting_default_ttl_s * USECS_PER_SEC));
+	set_timestamp(row, COL_LOCKED_UNTIL, lease_end(in, now));
+	set_timestamp(row, COL_EXPIRES_AT, expiry(in, now));
 }
 
 // A new lease on an abandoned or retryable key: the fencing token moves on, the old outcome goes.
 static void
-takeover_row(const KeyTable *kt, const ClaimInput *in, TimestampTz now, KeyRow *row)
+takeover_row(const Catalog *c, const ClaimInput *in, TimestampTz now, KeyRow *row)
 {
 	int32 attempt = DatumGetInt32(row->value[COL_ATTEMPT]);
 	if (attempt == PG_INT32_MAX)
 		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
 		                errmsg("idempotency key \"%s\" has been taken over too many times", key_text(in->key))));
 	row->value[COL_ATTEMPT] = Int32GetDatum(attempt + 1);
-	set_state(kt, row, STATE_PENDING);
+	set_state(c, row, STATE_PENDING);
 	set_null(row, COL_RESPONSE);
 	set_null(row, COL_RESPONSE_CODE);
 	set_null(row, COL_RETRYABLE);
 	set_null(row, COL_COMPLETED_AT);
-	set_timestamp(row, COL_LOCKED_UNTIL, plus(now, in->lease, setting_default_lease_ms * INT64CONST(1000)));
-	TimestampTz expires = plus(now, in->ttl, setting_default_ttl_s * USECS_PER_SEC);
+	set_timestamp(row, COL_LOCKED_UNTIL, lease_end(in, now));
+	TimestampTz expires = expiry(in, now);
 	if (expires > DatumGetTimestampTz(row->value[COL_EXPIRES_AT]))
 		set_timestamp(row, COL_EXPIRES_AT, expires);
 }
 
-// The result must outlive the pinned buffer the row was read from.
-static void
-copy_out(const KeyTable *kt, const KeyRow *row, ClaimOutput *out)
+enum class Step
 {
-	TupleDesc desc = RelationGetDescr(kt->rel);
-	for (int c = 0; c < NUM_COLUMNS; c++)
+	owned,       // this transaction wrote the row
+	replay,      // finished for good
+	in_progress, // someone else's live lease
+	takeover,    // abandoned lease or retryable failure
+};
+
+// SPEC §2 steps 3 to 7 for an existing row; raises IK001 on a fingerprint mismatch.
+static Step
+decide(const Catalog *c, const KeyRow *row, const ClaimInput *in, bool own, TimestampTz now)
+{
+	bool mismatch = fingerprints_distinct(row, in);
+	stats_count(Counter::mismatches, mismatch);
+	if (mismatch)
+		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_KEY_MISMATCH),
+		                errmsg("idempotency key \"%s\" was already used with a different request",
+		                       key_text(in->key)),
+		                errhint("Use a new idempotency key for a different request.")));
+	// The owner is the owner, whatever the clock says.
+	if (own)
+		return Step::owned;
+	bool retryable = !row->isnull[COL_RETRYABLE] && DatumGetBool(row->value[COL_RETRYABLE]);
+	if (row_in_state(c, row, STATE_SUCCEEDED) || (row_in_state(c, row, STATE_FAILED) && !retryable))
+		return Step::replay;
+	if (row_in_state(c, row, STATE_PENDING) && !row->isnull[COL_LOCKED_UNTIL] &&
+	    DatumGetTimestampTz(row->value[COL_LOCKED_UNTIL]) > now)
+		return Step::in_progress;
+	return Step::takeover;
+}
+
+// The result must outlive the buffer or SPI memory the row was read from.
+static void
+copy_row(const Catalog *c, const KeyRow *row, ClaimOutput *out)
+{
+	for (int col = 0; col < NUM_COLUMNS; col++)
 	{
-		Form_pg_attribute att = TupleDescAttr(desc, kt->catalog.attnum[c] - 1);
-		out->row.isnull[c] = row->isnull[c];
-		out->row.value[c] =
-		    row->isnull[c] ? (Datum) 0 : datumCopy(row->value[c], att->attbyval, att->attlen);
+		out->row.isnull[col] = row->isnull[col];
+		out->row.value[col] = row->isnull[col] ? (Datum) 0
+		                                       : datumCopy(row->value[col], c->typbyval[col], c->typlen[col]);
 	}
 }
 
-void
-claim(const ClaimInput *in, ClaimOutput *out)
+static void
+answer(const Catalog *c, Outcome outcome, bool inserted, const KeyRow *row, ClaimOutput *out)
 {
-	KeyTable kt;
-	keytable_open(&kt, Access::write, "idem_claim()");
-	stats_count(Counter::claims);
-	out->inserted = false;
-	out->retry_after = nullptr;
+	out->outcome = outcome;
+	out->inserted = inserted;
+	copy_row(c, row, out);
+	switch (outcome)
+	{
+		case Outcome::claimed:
+			stats_count(inserted ? Counter::inserted : Counter::takeovers);
+			break;
+		case Outcome::replay:
+			stats_count(Counter::replays);
+			break;
+		case Outcome::in_progress:
+			stats_count(Counter::in_progress);
+			break;
+		case Outcome::count:
+			break;
+	}
+}
 
+// The outcome of a step that writes nothing.
+static void
+answer_read(const Catalog *c, Step step, const KeyRow *row, TimestampTz now, ClaimOutput *out)
+{
+	if (step == Step::in_progress)
+	{
+		out->retry_after = DatumGetIntervalP(
+		    DirectFunctionCall2(timestamp_mi, row->value[COL_LOCKED_UNTIL], TimestampTzGetDatum(now)));
+		answer(c, Outcome::in_progress, false, row, out);
+	}
+	else if (step == Step::owned && row_in_state(c, row, STATE_PENDING))
+	{
+		// A re-entrant claim of a pending key: still this transaction's claim, neither new nor taken over.
+		out->outcome = Outcome::claimed;
+		out->inserted = false;
+		copy_row(c, row, out);
+	}
+	else
+		answer(c, Outcome::replay, false, row, out);
+}
+
+static const char *
+state_name(const Catalog *c, const KeyRow *row)
+{
+	return row_in_state(c, row, STATE_SUCCEEDED) ? "succeeded"
+	       : row_in_state(c, row, STATE_FAILED)  ? "failed"
+	                                             : "pending";
+}
+
+// complete/fail on the key's current row: fencing first, then the state (IK002 before IK004).
+static void
+finish_row(const Catalog *c, const FinishInput *in, KeyRow *row)
+{
+	int32 attempt = DatumGetInt32(row->value[COL_ATTEMPT]);
+	if (in->has_attempt && in->attempt != attempt)
+		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_ATTEMPT_STALE),
+		                errmsg("attempt %d of idempotency key \"%s\" is stale", in->attempt,
+		                       key_text(in->key)),
+		                attempt > 1
+		                    ? errdetail("The key was taken over; its current attempt is %d.", attempt)
+		                    : errdetail("The key has not been taken over; its current attempt is %d.", attempt)));
+	if (!row_in_state(c, row, STATE_PENDING))
+		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_KEY_NOT_PENDING),
+		                errmsg("idempotency key \"%s\" is not pending", key_text(in->key)),
+		                errdetail("The key is already finished; its state is %s.", state_name(c, row))));
+
+	set_state(c, row, in->to);
+	row->value[COL_RESPONSE] = in->response;
+	row->isnull[COL_RESPONSE] = in->response_null;
+	row->value[COL_RESPONSE_CODE] = Int32GetDatum(in->response_code);
+	row->isnull[COL_RESPONSE_CODE] = false;
+	if (in->to == STATE_FAILED)
+	{
+		row->value[COL_RETRYABLE] = BoolGetDatum(in->retryable);
+		row->isnull[COL_RETRYABLE] = false;
+	}
+	else
+		set_null(row, COL_RETRYABLE);
+	set_timestamp(row, COL_COMPLETED_AT, clock_now());
+	set_null(row, COL_LOCKED_UNTIL);
+}
+
+static void
+key_not_found(Datum key)
+{
+	ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_KEY_NOT_FOUND),
+	                errmsg("idempotency key \"%s\" does not exist", key_text(key))));
+}
+
+static bool
+expired_and_free(const Catalog *c, const KeyRow *row, TimestampTz now)
+{
+	// A live lease means someone is working on the key right now.
+	return !(row_in_state(c, row, STATE_PENDING) && !row->isnull[COL_LOCKED_UNTIL] &&
+	         DatumGetTimestampTz(row->value[COL_LOCKED_UNTIL]) > now);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The table access path
+
+// ON CONFLICT's rule at REPEATABLE READ and above: a committed version the transaction's
+// snapshot cannot see is a serialization failure, not something to act on.
+static void
+check_serializable(KeyTable *kt)
+{
+	if (IsolationUsesXactSnapshot() && !keytable_found_visible_to(kt, GetTransactionSnapshot()))
+		serialization_failure("update");
+}
+
+static void
+serialization_failure_after(TM_Result result)
+{
+	if (IsolationUsesXactSnapshot())
+		serialization_failure(result == TM_Deleted ? "delete" : "update");
+}
+
+static void
+claim_direct(KeyTable *kt, const ClaimInput *in, ClaimOutput *out)
+{
+	const Catalog *c = &kt->catalog;
 	for (;;)
 	{
 		CHECK_FOR_INTERRUPTS();
 		KeyRow row;
-		if (!keytable_find_latest(&kt, in->scope, in->key))
+		if (!keytable_find_latest(kt, in->scope, in->key))
 		{
-			new_row(&kt, in, clock_now(), &row);
-			if (!keytable_insert(&kt, &row))
+			new_row(c, in, clock_now(), &row);
+			if (!keytable_insert(kt, &row))
 				continue; // a concurrent insert won; look again and wait for it
-			out->outcome = Outcome::claimed;
-			out->inserted = true;
-			stats_count(Counter::inserted);
-			copy_out(&kt, &row, out);
 			CommandCounterIncrement();
-			break;
+			answer(c, Outcome::claimed, true, &row, out);
+			return;
 		}
 
-		bool own = TransactionIdIsCurrentTransactionId(keytable_found_xmin(&kt));
+		bool own = TransactionIdIsCurrentTransactionId(keytable_found_xmin(kt));
 		if (!own)
-			check_serializable(&kt);
-		keytable_read(&kt, kt.found, &row);
-		bool mismatch = fingerprints_distinct(&row, in);
-		stats_count(Counter::mismatches, mismatch);
-		if (mismatch)
-			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_KEY_MISMATCH),
-			                errmsg("idempotency key \"%s\" was already used with a different request",
-			                       key_text(in->key)),
-			                errhint("Use a new idempotency key for a different request.")));
-
-		bool pending = row_in_state(&kt, &row, STATE_PENDING);
+			check_serializable(kt);
+		keytable_read(kt, kt->found, &row);
 		TimestampTz now = clock_now();
-		bool terminal = row_in_state(&kt, &row, STATE_SUCCEEDED) ||
-		                (row_in_state(&kt, &row, STATE_FAILED) &&
-		                 !(!row.isnull[COL_RETRYABLE] && DatumGetBool(row.value[COL_RETRYABLE])));
-		bool lease_live = pending && !row.isnull[COL_LOCKED_UNTIL] &&
-		                  DatumGetTimestampTz(row.value[COL_LOCKED_UNTIL]) > now;
-
-		// This transaction wrote the row: it is the owner, whatever the clock says.
-		if (own)
+		Step step = decide(c, &row, in, own, now);
+		if (step != Step::takeover)
 		{
-			out->outcome = pending ? Outcome::claimed : Outcome::replay;
-			stats_count(Counter::replays, !pending);
-			copy_out(&kt, &row, out);
-			break;
+			answer_read(c, step, &row, now, out);
+			return;
 		}
-		if (terminal)
-		{
-			out->outcome = Outcome::replay;
-			stats_count(Counter::replays);
-			copy_out(&kt, &row, out);
-			break;
-		}
-		if (lease_live)
-		{
-			out->outcome = Outcome::in_progress;
-			stats_count(Counter::in_progress);
-			out->retry_after = DatumGetIntervalP(DirectFunctionCall2(
-			    timestamp_mi, row.value[COL_LOCKED_UNTIL], TimestampTzGetDatum(now)));
-			copy_out(&kt, &row, out);
-			break;
-		}
-
-		takeover_row(&kt, in, now, &row);
-		TM_Result result = keytable_update(&kt, &row);
+		takeover_row(c, in, now, &row);
+		TM_Result result = keytable_update(kt, &row);
 		if (result != TM_Ok)
 		{
 			serialization_failure_after(result);
 			continue; // changed since we read it: decide again on the new version
 		}
-		out->outcome = Outcome::claimed;
-		stats_count(Counter::takeovers);
-		copy_out(&kt, &row, out);
 		CommandCounterIncrement();
-		break;
+		answer(c, Outcome::claimed, false, &row, out);
+		return;
 	}
-	keytable_close(&kt);
 }
 
-static const char *
-state_name(const KeyTable *kt, const KeyRow *row)
+static Datum
+finish_direct(KeyTable *kt, const FinishInput *in)
 {
-	return row_in_state(kt, row, STATE_SUCCEEDED) ? "succeeded"
-	       : row_in_state(kt, row, STATE_FAILED)  ? "failed"
-	                                              : "pending";
-}
-
-Datum
-finish(const FinishInput *in)
-{
-	KeyTable kt;
-	keytable_open(&kt, Access::write,
-	              in->to == STATE_SUCCEEDED ? "idem_complete()" : "idem_fail()");
 	for (;;)
 	{
 		CHECK_FOR_INTERRUPTS();
-		if (!keytable_find_latest(&kt, in->scope, in->key))
-			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_KEY_NOT_FOUND),
-			                errmsg("idempotency key \"%s\" does not exist", key_text(in->key))));
-		if (!TransactionIdIsCurrentTransactionId(keytable_found_xmin(&kt)))
-			check_serializable(&kt);
-
+		if (!keytable_find_latest(kt, in->scope, in->key))
+			key_not_found(in->key);
+		if (!TransactionIdIsCurrentTransactionId(keytable_found_xmin(kt)))
+			check_serializable(kt);
 		KeyRow row;
-		keytable_read(&kt, kt.found, &row);
-		int32 attempt = DatumGetInt32(row.value[COL_ATTEMPT]);
-		if (in->has_attempt && in->attempt != attempt)
-			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_ATTEMPT_STALE),
-			                errmsg("attempt %d of idempotency key \"%s\" is stale", in->attempt,
-			                       key_text(in->key)),
-			                attempt > 1
-			                    ? errdetail("The key was taken over; its current attempt is %d.", attempt)
-			                    : errdetail("The key has not been taken over; its current attempt is %d.", attempt)));
-		if (!row_in_state(&kt, &row, STATE_PENDING))
-			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_KEY_NOT_PENDING),
-			                errmsg("idempotency key \"%s\" is not pending", key_text(in->key)),
-			                errdetail("The key is already finished; its state is %s.", state_name(&kt, &row))));
-
-		set_state(&kt, &row, in->to);
-		row.value[COL_RESPONSE] = in->response;
-		row.isnull[COL_RESPONSE] = in->response_null;
-		row.value[COL_RESPONSE_CODE] = Int32GetDatum(in->response_code);
-		row.isnull[COL_RESPONSE_CODE] = false;
-		if (in->to == STATE_FAILED)
-		{
-			row.value[COL_RETRYABLE] = BoolGetDatum(in->retryable);
-			row.isnull[COL_RETRYABLE] = false;
-		}
-		else
-			set_null(&row, COL_RETRYABLE);
-		set_timestamp(&row, COL_COMPLETED_AT, clock_now());
-		set_null(&row, COL_LOCKED_UNTIL);
-
-		TM_Result result = keytable_update(&kt, &row);
+		keytable_read(kt, kt->found, &row);
+		finish_row(&kt->catalog, in, &row);
+		TM_Result result = keytable_update(kt, &row);
 		if (result == TM_Ok)
 			break;
 		serialization_failure_after(result);
 	}
 	CommandCounterIncrement();
-	stats_count(in->to == STATE_SUCCEEDED ? Counter::completes : Counter::fails);
-	Datum finished = keytable_written_datum(&kt);
+	return keytable_written_datum(kt);
+}
+
+static int64
+reap_direct(KeyTable *kt, int32 max_rows)
+{
+	TimestampTz now = clock_now();
+	Snapshot snapshot = RegisterSnapshot(GetTransactionSnapshot());
+	ExpiryScan scan;
+	keytable_expiry_begin(kt, &scan, now, snapshot);
+	int64 reaped = 0;
+	while (reaped < max_rows && keytable_expiry_next(kt, &scan))
+	{
+		CHECK_FOR_INTERRUPTS();
+		KeyRow row;
+		keytable_read(kt, kt->found, &row);
+		// Rows another transaction holds are skipped, never waited for.
+		if (expired_and_free(&kt->catalog, &row, now) && keytable_delete_unless_busy(kt))
+			reaped++;
+	}
+	keytable_expiry_end(&scan);
+	UnregisterSnapshot(snapshot);
+	if (reaped > 0)
+		CommandCounterIncrement();
+	return reaped;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The SQL path, when row-level security applies to the caller
+
+// A key whose insert conflicted but which the policies do not let this caller see.
+static void
+hidden_key(Datum key)
+{
+	ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+	                errmsg("idempotency key \"%s\" exists but row-level security hides it from this role",
+	                       key_text(key))));
+}
+
+static void
+claim_with_policies(const Catalog *c, const ClaimInput *in, ClaimOutput *out)
+{
+	PolicySql ps;
+	policy_begin(&ps, c);
+	for (int unseen = 0;; unseen++)
+	{
+		CHECK_FOR_INTERRUPTS();
+		KeyRow row, stored;
+		new_row(c, in, clock_now(), &row);
+		if (policy_insert(&ps, &row, &stored, nullptr))
+		{
+			answer(c, Outcome::claimed, true, &stored, out);
+			break;
+		}
+		TransactionId xmin;
+		if (!policy_fetch(&ps, in->scope, in->key, false, &stored, &xmin, nullptr))
+		{
+			// Reaped since the insert saw it, or hidden by a policy: a few tries tell them apart.
+			if (unseen >= 3)
+				hidden_key(in->key);
+			continue;
+		}
+		TimestampTz now = clock_now();
+		Step step = decide(c, &stored, in, TransactionIdIsCurrentTransactionId(xmin), now);
+		if (step != Step::takeover)
+		{
+			answer_read(c, step, &stored, now, out);
+			break;
+		}
+		row = stored;
+		takeover_row(c, in, now, &row);
+		KeyRow updated;
+		if (policy_update(&ps, &stored, &row, &updated, nullptr))
+		{
+			answer(c, Outcome::claimed, false, &updated, out);
+			break;
+		}
+	}
+	policy_end(&ps);
+}
+
+static Datum
+finish_with_policies(const Catalog *c, const FinishInput *in)
+{
+	PolicySql ps;
+	policy_begin(&ps, c);
+	KeyRow stored;
+	if (!policy_fetch(&ps, in->scope, in->key, true, &stored, nullptr, nullptr))
+		key_not_found(in->key);
+	KeyRow row = stored;
+	finish_row(c, in, &row);
+	KeyRow updated;
+	Datum whole;
+	// The row is locked: the update cannot miss it.
+	if (!policy_update(&ps, &stored, &row, &updated, &whole))
+		elog(ERROR, "idempotency: locked key \"%s\" changed", key_text(in->key));
+	policy_end(&ps);
+	return whole;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points
+
+void
+claim(const ClaimInput *in, ClaimOutput *out)
+{
+	stats_count(Counter::claims);
+	out->retry_after = nullptr;
+	KeyTable kt;
+	if (!keytable_open(&kt, Access::write, "idem_claim()"))
+	{
+		claim_with_policies(&kt.catalog, in, out);
+		return;
+	}
+	claim_direct(&kt, in, out);
 	keytable_close(&kt);
+}
+
+Datum
+finish(const FinishInput *in)
+{
+	const char *caller = in->to == STATE_SUCCEEDED ? "idem_complete()" : "idem_fail()";
+	KeyTable kt;
+	Datum finished;
+	if (keytable_open(&kt, Access::write, caller))
+	{
+		finished = finish_direct(&kt, in);
+		keytable_close(&kt);
+	}
+	else
+		finished = finish_with_policies(&kt.catalog, in);
+	stats_count(in->to == STATE_SUCCEEDED ? Counter::completes : Counter::fails);
 	return finished;
 }
 
@@ -300,7 +495,15 @@ bool
 lookup(Datum scope, Datum key, Datum *row)
 {
 	KeyTable kt;
-	keytable_open(&kt, Access::read, "idem_lookup()");
+	if (!keytable_open(&kt, Access::read, "idem_lookup()"))
+	{
+		PolicySql ps;
+		policy_begin(&ps, &kt.catalog);
+		KeyRow stored;
+		bool found = policy_fetch(&ps, scope, key, false, &stored, nullptr, row);
+		policy_end(&ps);
+		return found;
+	}
 	Snapshot snapshot = RegisterSnapshot(GetTransactionSnapshot());
 	bool found = keytable_find_visible(&kt, scope, key, snapshot);
 	if (found)
@@ -314,31 +517,20 @@ int64
 reap(int32 max_rows)
 {
 	KeyTable kt;
-	keytable_open(&kt, Access::reap, "idem_reap()");
-	TimestampTz now = clock_now();
-	Snapshot snapshot = RegisterSnapshot(GetTransactionSnapshot());
-	ExpiryScan scan;
-	keytable_expiry_begin(&kt, &scan, now, snapshot);
-	int64 reaped = 0;
-	while (reaped < max_rows && keytable_expiry_next(&kt, &scan))
+	int64 reaped;
+	if (keytable_open(&kt, Access::reap, "idem_reap()"))
 	{
-		CHECK_FOR_INTERRUPTS();
-		KeyRow row;
-		keytable_read(&kt, kt.found, &row);
-		// A live lease means someone is working on the key right now.
-		if (row_in_state(&kt, &row, STATE_PENDING) && !row.isnull[COL_LOCKED_UNTIL] &&
-		    DatumGetTimestampTz(row.value[COL_LOCKED_UNTIL]) > now)
-			continue;
-		// Rows another transaction holds are skipped, never waited for.
-		if (keytable_delete_unless_busy(&kt))
-			reaped++;
+		reaped = reap_direct(&kt, max_rows);
+		keytable_close(&kt);
 	}
-	keytable_expiry_end(&scan);
-	UnregisterSnapshot(snapshot);
+	else
+	{
+		PolicySql ps;
+		policy_begin(&ps, &kt.catalog);
+		reaped = policy_reap(&ps, clock_now(), max_rows);
+		policy_end(&ps);
+	}
 	stats_reaped(reaped);
-	if (reaped > 0)
-		CommandCounterIncrement();
-	keytable_close(&kt);
 	return reaped;
 }
 

@@ -135,7 +135,7 @@ SELECT has_index('idem_keys', 'idem_keys_expires_at_idx', 'expires_at', 'index i
 SELECT index_is_type('idem_keys', 'idem_keys_pkey', 'btree');
 SELECT index_is_type('idem_keys', 'idem_keys_expires_at_idx', 'btree');
 
--- Row-level security is not supported in 1.0: it is off
+-- Row-level security is off by default (enabling it is supported: 03-privileges)
 SELECT is((SELECT relrowsecurity FROM pg_class WHERE oid = 'idem_keys'::regclass),
           false, 'row-level security is not enabled on idem_keys');
 
