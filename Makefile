@@ -34,8 +34,10 @@ override CXXFLAGS := $(filter-out -Wmissing-format-attribute,$(CXXFLAGS)) -std=c
 	-Wall -Wextra -Werror -Wno-missing-field-initializers
 SHLIB_LINK += -lstdc++
 
-.PHONY: test run
+.PHONY: test run bench
 test:
 	bash scripts/test
 run:
 	bash scripts/run
+bench:
+	bash bench/run

@@ -1,0 +1,260 @@
+-- Hand-written references for the benchmark suite (bench/run): what a careful application would
+-- write itself instead of using the extension. Written for this project; loaded by bench/run into
+-- every benchmark database, next to CREATE EXTENSION idempotency.
+--
+-- Every reference table has the columns of idem_keys (SPEC §1) and a design a careful author would
+-- choose: text primary key (scope, key) in the "C" collation (keys are ASCII; byte order makes the
+-- comparisons memcmp, as idem_keys does), state as text with a CHECK, the fingerprint as bytea
+-- (SHA-256 via PostgreSQL 15's built-in sha256(), no pgcrypto), an index on expires_at for cleanup.
+-- Storage parameters: PostgreSQL's defaults (fillfactor 100: completing a key right after its
+-- claim is a HOT update anyway; see docs/benchmarks.md).
+--
+-- The functions compute what the extension computes (same fingerprint, same states, same clock:
+-- clock_timestamp()). They do NOT validate keys and scopes (length, printable ASCII), which the
+-- extension does on every call: that only makes the references faster.
+--
+--   (a) ref.claim_a / ref.complete_a: the PL/pgSQL state machine as articles teach it:
+--       INSERT ... ON CONFLICT DO NOTHING RETURNING; if no row: SELECT ... FOR UPDATE, fingerprint
+--       check, then replay / in_progress / takeover (UPDATE). complete: UPDATE ... WHERE
+--       state = 'pending' RETURNING, raise if no row.
+--   (b) ref.claim_b: one INSERT ... ON CONFLICT (scope, key) DO UPDATE ... WHERE <takeover>
+--       RETURNING xmax = 0; when it returns nothing, a SELECT tells replay from in_progress.
+--   (c) raw prepared statements, no functions: in the pgbench scripts (bench/workloads/*_c.sql).
+--   (d) physical limits: a plain INSERT of the same row (bench/workloads/claim_insert.sql) and a
+--       plain primary-key SELECT of the same row (bench/workloads/replay_select.sql).
+--   ref.reap_all: the hand-written batched DELETE ... USING (SELECT ctid ... FOR UPDATE SKIP
+--       LOCKED) loop, committing after each batch, to compare with CALL idem_reap_all().
+
+CREATE SCHEMA ref;
+
+-- The result of a claim: the same fields as idem_claim_result (outcome and state as text).
+CREATE TYPE ref.claim_result AS (
+    outcome       text,      -- 'claimed', 'replay', 'in_progress'
+    inserted      boolean,
+    attempt       integer,
+    state         text,
+    response      jsonb,
+    response_code integer,
+    retry_after   interval,
+    expires_at    timestamptz
+);
+
+CREATE TABLE ref.keys_a (
+    scope         text COLLATE "C" NOT NULL DEFAULT '',
+    key           text COLLATE "C" NOT NULL,
+    state         text NOT NULL CHECK (state IN ('pending', 'succeeded', 'failed')),
+    attempt       integer NOT NULL,
+    fingerprint   bytea,
+    response      jsonb,
+    response_code integer,
+    retryable     boolean,
+    created_at    timestamptz NOT NULL,
+    locked_until  timestamptz,
+    completed_at  timestamptz,
+    expires_at    timestamptz NOT NULL,
+    PRIMARY KEY (scope, key)
+);
+CREATE INDEX ON ref.keys_a (expires_at);
+
+-- The same design, one table per use, so that workloads never share rows:
+--   keys_b     reference (b)
+--   keys_c     reference (c), raw prepared statements
+--   keys_plain reference (d), plain INSERT
+--   keys_reap  the hand-written reaper
+CREATE TABLE ref.keys_b     (LIKE ref.keys_a INCLUDING ALL);
+CREATE TABLE ref.keys_c     (LIKE ref.keys_a INCLUDING ALL);
+CREATE TABLE ref.keys_plain (LIKE ref.keys_a INCLUDING ALL);
+CREATE TABLE ref.keys_reap  (LIKE ref.keys_a INCLUDING ALL);
+
+-- The request fingerprint, as SPEC §3 defines it: SHA-256 of the scope, a 0x00 byte and the
+-- canonical text of the jsonb. (Inlined by hand in the functions below: a call would cost more.)
+--   sha256(convert_to(scope, 'UTF8') || '\x00'::bytea || convert_to(request::text, 'UTF8'))
+
+-- ---------------------------------------------------------------------------------------------
+-- (a) the PL/pgSQL state machine
+-- ---------------------------------------------------------------------------------------------
+CREATE FUNCTION ref.claim_a(
+    p_key     text,
+    p_request jsonb DEFAULT NULL,
+    p_scope   text DEFAULT '',
+    p_ttl     interval DEFAULT '1 day',
+    p_lease   interval DEFAULT '1 minute')
+RETURNS ref.claim_result
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_fp  bytea;
+    r     ref.keys_a;
+BEGIN
+    IF p_request IS NOT NULL THEN
+        v_fp := sha256(convert_to(p_scope, 'UTF8') || '\x00'::bytea
+                       || convert_to(p_request::text, 'UTF8'));
+    END IF;
+
+    LOOP
+        INSERT INTO ref.keys_a AS k
+               (scope, key, state, attempt, fingerprint, created_at, locked_until, expires_at)
+        VALUES (p_scope, p_key, 'pending', 1, v_fp, v_now, v_now + p_lease, v_now + p_ttl)
+        ON CONFLICT DO NOTHING
+        RETURNING k.attempt, k.expires_at INTO r.attempt, r.expires_at;
+        IF FOUND THEN
+            RETURN ROW('claimed', true, r.attempt, 'pending', NULL, NULL, NULL, r.expires_at)::ref.claim_result;
+        END IF;
+
+        -- the key exists: lock it (waits for a concurrent writer) and look at it
+        SELECT * INTO r FROM ref.keys_a
+         WHERE scope = p_scope AND key = p_key
+           FOR UPDATE;
+        EXIT WHEN FOUND;
+        -- deleted (reaped) between the INSERT and the SELECT: start again
+    END LOOP;
+
+    IF r.fingerprint IS DISTINCT FROM v_fp THEN
+        RAISE EXCEPTION 'idempotency key "%" was already used with a different request', p_key
+            USING ERRCODE = 'IK001';
+    END IF;
+
+    IF r.state = 'succeeded' OR (r.state = 'failed' AND NOT r.retryable) THEN
+        RETURN ROW('replay', false, r.attempt, r.state, r.response, r.response_code, NULL,
+                   r.expires_at)::ref.claim_result;
+    END IF;
+
+    IF r.state = 'pending' AND r.locked_until > v_now THEN
+        RETURN ROW('in_progress', false, r.attempt, 'pending', NULL, NULL, r.locked_until - v_now,
+                   r.expires_at)::ref.claim_result;
+    END IF;
+
+    -- pending with an expired lease, or failed and retryable: take it over
+    UPDATE ref.keys_a
+       SET state = 'pending', attempt = attempt + 1, locked_until = v_now + p_lease,
+           response = NULL, response_code = NULL, completed_at = NULL, retryable = NULL,
+           expires_at = greatest(expires_at, v_now + p_ttl)
+     WHERE scope = p_scope AND key = p_key
+    RETURNING attempt, expires_at INTO r.attempt, r.expires_at;
+    RETURN ROW('claimed', false, r.attempt, 'pending', NULL, NULL, NULL, r.expires_at)::ref.claim_result;
+END
+$$;
+
+CREATE FUNCTION ref.complete_a(
+    p_key      text,
+    p_response jsonb,
+    p_code     integer DEFAULT 200,
+    p_scope    text DEFAULT '',
+    p_attempt  integer DEFAULT NULL)
+RETURNS ref.keys_a
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    r ref.keys_a;
+BEGIN
+    UPDATE ref.keys_a
+       SET state = 'succeeded', response = p_response, response_code = p_code,
+           completed_at = clock_timestamp(), locked_until = NULL, retryable = NULL
+     WHERE scope = p_scope AND key = p_key AND state = 'pending'
+       AND (p_attempt IS NULL OR attempt = p_attempt)
+    RETURNING * INTO r;
+    IF FOUND THEN
+        RETURN r;
+    END IF;
+
+    -- not finished: say why (off the measured path)
+    SELECT * INTO r FROM ref.keys_a WHERE scope = p_scope AND key = p_key;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'idempotency key "%" does not exist', p_key USING ERRCODE = 'IK003';
+    ELSIF p_attempt IS NOT NULL AND r.attempt <> p_attempt THEN
+        RAISE EXCEPTION 'attempt % of idempotency key "%" is stale', p_attempt, p_key
+            USING ERRCODE = 'IK002';
+    ELSE
+        RAISE EXCEPTION 'idempotency key "%" is not pending', p_key USING ERRCODE = 'IK004';
+    END IF;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- (b) one INSERT ... ON CONFLICT DO UPDATE ... WHERE <takeover> RETURNING xmax = 0
+-- ---------------------------------------------------------------------------------------------
+-- When the key exists and may not be taken over, ON CONFLICT DO UPDATE still locks the row and
+-- returns nothing; the row stays locked, so the SELECT that follows reads the version it saw.
+CREATE FUNCTION ref.claim_b(
+    p_key     text,
+    p_request jsonb DEFAULT NULL,
+    p_scope   text DEFAULT '',
+    p_ttl     interval DEFAULT '1 day',
+    p_lease   interval DEFAULT '1 minute')
+RETURNS ref.claim_result
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_now      timestamptz := clock_timestamp();
+    v_fp       bytea;
+    v_inserted boolean;
+    r          ref.keys_b;
+BEGIN
+    IF p_request IS NOT NULL THEN
+        v_fp := sha256(convert_to(p_scope, 'UTF8') || '\x00'::bytea
+                       || convert_to(p_request::text, 'UTF8'));
+    END IF;
+
+    LOOP
+        INSERT INTO ref.keys_b AS k
+               (scope, key, state, attempt, fingerprint, created_at, locked_until, expires_at)
+        VALUES (p_scope, p_key, 'pending', 1, v_fp, v_now, v_now + p_lease, v_now + p_ttl)
+        ON CONFLICT (scope, key) DO UPDATE
+           SET state = 'pending', attempt = k.attempt + 1, locked_until = excluded.locked_until,
+               response = NULL, response_code = NULL, completed_at = NULL, retryable = NULL,
+               expires_at = greatest(k.expires_at, excluded.expires_at)
+         WHERE k.fingerprint IS NOT DISTINCT FROM excluded.fingerprint
+           AND ((k.state = 'pending' AND k.locked_until <= v_now)
+                OR (k.state = 'failed' AND k.retryable))
+        RETURNING k.attempt, k.expires_at, k.xmax = 0 INTO r.attempt, r.expires_at, v_inserted;
+        IF FOUND THEN
+            RETURN ROW('claimed', v_inserted, r.attempt, 'pending', NULL, NULL, NULL,
+                       r.expires_at)::ref.claim_result;
+        END IF;
+
+        -- not taken: a mismatch, a replay or in progress (the row is locked by the INSERT)
+        SELECT * INTO r FROM ref.keys_b WHERE scope = p_scope AND key = p_key;
+        EXIT WHEN FOUND;
+    END LOOP;
+
+    IF r.fingerprint IS DISTINCT FROM v_fp THEN
+        RAISE EXCEPTION 'idempotency key "%" was already used with a different request', p_key
+            USING ERRCODE = 'IK001';
+    END IF;
+    IF r.state = 'pending' THEN
+        RETURN ROW('in_progress', false, r.attempt, 'pending', NULL, NULL, r.locked_until - v_now,
+                   r.expires_at)::ref.claim_result;
+    END IF;
+    RETURN ROW('replay', false, r.attempt, r.state, r.response, r.response_code, NULL,
+               r.expires_at)::ref.claim_result;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- the hand-written reaper: batched DELETE ... USING (SELECT ctid ... FOR UPDATE SKIP LOCKED)
+-- ---------------------------------------------------------------------------------------------
+-- Same rule as idem_reap: expired (expires_at <= clock), never a pending key with a live lease,
+-- never waits for a row lock. Commits after each batch, like idem_reap_all.
+CREATE PROCEDURE ref.reap_all(batch_size integer DEFAULT 1000, INOUT reaped bigint DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    n bigint;
+BEGIN
+    reaped := 0;
+    LOOP
+        DELETE FROM ref.keys_reap t
+         USING (SELECT ctid FROM ref.keys_reap
+                 WHERE expires_at <= clock_timestamp()
+                   AND NOT (state = 'pending' AND locked_until > clock_timestamp())
+                 LIMIT batch_size
+                   FOR UPDATE SKIP LOCKED) d
+         WHERE t.ctid = d.ctid;
+        GET DIAGNOSTICS n = ROW_COUNT;
+        reaped := reaped + n;
+        COMMIT;
+        EXIT WHEN n < batch_size;
+    END LOOP;
+END
+$$;

@@ -1,0 +1,57 @@
+# Smoke test of the benchmark suite (bench/run, issue 4; docs/benchmarks.md): a --quick run
+# (its own throwaway cluster, every workload once, small data sets, 1 s per pgbench run) exits 0,
+# prints a table row for every workload and variant, the targets table, and no ERROR.
+# It proves that the suite works; it asserts nothing about speed.
+# The extension is installed already (scripts/test runs `make install` first): --no-install.
+use strict;
+use warnings;
+use Cwd qw(abs_path);
+use File::Basename qw(dirname);
+use File::Temp qw(tempdir);
+use IPC::Run qw(run timeout);
+use Test::More;
+
+my $root = abs_path(dirname(__FILE__) . '/../..');
+my $dir  = tempdir('bench_smoke_XXXXXX', TMPDIR => 1, CLEANUP => 1);
+my $report_file = "$dir/report.md";
+
+my ($out, $err) = ('', '');
+my $ok = run [ 'bash', "$root/bench/run", '--quick', '--no-install', '--output', $report_file ],
+  '<', \undef, '>', \$out, '2>', \$err, timeout(600);
+my $rc = $? >> 8;
+is($rc, 0, 'bench/run --quick --no-install exits 0')
+  or diag("stdout:\n$out\nstderr:\n$err");
+
+# every workload and variant has its row in both synchronous_commit passes
+my %variants = (
+	claim_new => [ 'extension', '(a) PL/pgSQL state machine', '(b) ON CONFLICT DO UPDATE', '(d) plain INSERT' ],
+	cycle     => [ 'extension', '(a) PL/pgSQL state machine', '(c) raw prepared SQL' ],
+	replay    => [ 'extension', '(a) PL/pgSQL state machine', '(d) primary-key SELECT' ],
+	hot_key   => [ 'extension', '(a) PL/pgSQL state machine' ],
+);
+for my $wl (sort keys %variants) {
+	for my $v (@{ $variants{$wl} }) {
+		my @rows = $out =~ /^\| \Q$wl\E \| \Q$v\E \| [0-9]+ \|/mg;
+		is(scalar @rows, 2, "$wl / $v: a row with a median in each synchronous_commit pass");
+	}
+}
+like($out, qr/^\| reap \| extension \| [0-9]+ \|/m, 'reap: extension row');
+like($out, qr/^\| reap \| hand-written batched DELETE \| [0-9]+ \|/m, 'reap: reference row');
+like($out, qr/^\| bytes_per_key \| idem_keys \(extension\) \| [0-9]+ \|/m, 'bytes_per_key: extension row');
+like($out, qr/^\| bytes_per_key \| ref\.keys_a \(reference\) \| [0-9]+ \|/m, 'bytes_per_key: reference row');
+like($out, qr/^\| memory \| memory contexts \|/m, 'memory: memory contexts row');
+like($out, qr/^\| memory \| RssAnon \|/m, 'memory: RssAnon row');
+
+# the targets table names every target of issue 4 with a ratio and a verdict (whichever it is)
+my @verdicts = $out =~ /^\| [^|]+ \| (?:≥|≤|<) [0-9.]+(?: MB)? \| [0-9.]+(?: MB)? \| (?:PASS|FAIL) \|/mg;
+is(scalar @verdicts, 8, 'the targets table: 8 targets, each with a measured value and PASS or FAIL');
+
+unlike($out . $err, qr/ERROR/, 'no ERROR anywhere in the output');
+unlike($out, qr/FAILED|n\/a/, 'no failed run, no missing measurement');
+like($out, qr/^- machine: .+CPUs/m, 'the report names the machine');
+like($out, qr/^- PostgreSQL: PostgreSQL 15/m, 'the report names the PostgreSQL version');
+
+ok(-s $report_file, 'the report was written to --output');
+ok(-s "$dir/report.tsv", 'the raw results were written next to it');
+
+done_testing();
