@@ -22,6 +22,8 @@ PROVE_TESTS = $(wildcard test/t/*.pl)
 # No LLVM bitcode for JIT inlining: it would need clang and buys nothing here. Set before the
 # include so that PGXS's rules see it.
 override with_llvm = no
+# Rebuild objects when a header they include changes (dependency files in .deps/).
+override autodepend = yes
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
