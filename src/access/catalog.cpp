@@ -7,6 +7,14 @@ static bool cache_valid = false;
 static uint64 cache_generation = 0;
 static uint64 returned_generation = 0;
 
+// What the cache allocates lives in `cache_memory`. A rebuild keeps the previous generation's
+// memory alive until the next one, so a caller still holding a copy of the old catalog is safe.
+static MemoryContext cache_memory = nullptr;
+static MemoryContext previous_cache_memory = nullptr;
+
+static Oid acl_user = InvalidOid;
+static AclMode acl_held = 0;
+
 const char *const column_names[NUM_COLUMNS] = {
 	"scope",     "key",        "state",        "attempt",      "fingerprint", "response",
 	"response_code", "retryable", "created_at", "locked_until", "completed_at", "expires_at"};
@@ -76,8 +84,15 @@ build(Catalog *c)
 	for (int i = 0; i < NUM_STATES; i++)
 		c->state_label[i] = enum_label(c->type[COL_STATE], state_labels[i]);
 
+	if (previous_cache_memory != nullptr)
+		MemoryContextDelete(previous_cache_memory);
+	previous_cache_memory = cache_memory;
+	cache_memory = AllocSetContextCreate(CacheMemoryContext, "idempotency catalog", ALLOCSET_SMALL_SIZES);
+	c->indexes_loaded = false;
+	acl_user = InvalidOid;
+
 	// The scan keys' FmgrInfos must outlive this call.
-	MemoryContext old = MemoryContextSwitchTo(CacheMemoryContext);
+	MemoryContext old = MemoryContextSwitchTo(cache_memory);
 	const Column pkey_columns[2] = {COL_SCOPE, COL_KEY};
 	for (int i = 0; i < 2; i++)
 	{
@@ -110,6 +125,51 @@ catalog_is_current(const Catalog *catalog)
 	return catalog == &cache && cache_valid && returned_generation == cache_generation;
 }
 
+void
+catalog_load_indexes(Relation rel)
+{
+	if (cache.indexes_loaded || RelationGetRelid(rel) != cache.relid)
+		return;
+	MemoryContext old = MemoryContextSwitchTo(cache_memory);
+	List *oids = RelationGetIndexList(rel);
+	cache.nindexes = list_length(oids);
+	cache.index_oid = (Oid *) palloc(sizeof(Oid) * cache.nindexes);
+	cache.index_info = (IndexInfo **) palloc0(sizeof(IndexInfo *) * cache.nindexes);
+	int i = 0;
+	ListCell *lc;
+	foreach (lc, oids)
+	{
+		Oid oid = lfirst_oid(lc);
+		cache.index_oid[i] = oid;
+		Relation index = index_open(oid, AccessShareLock);
+		IndexInfo *info = BuildIndexInfo(index);
+		if (info->ii_Expressions == NIL && info->ii_Predicate == NIL)
+			cache.index_info[i] = info;
+		index_close(index, AccessShareLock);
+		i++;
+	}
+	MemoryContextSwitchTo(old);
+	cache.indexes_loaded = true;
+}
+
+AclMode
+catalog_privileges(Oid user)
+{
+	if (user != acl_user)
+	{
+		acl_held = pg_class_aclmask(cache.relid, user, ACL_SELECT | ACL_INSERT | ACL_UPDATE | ACL_DELETE,
+		                            ACLMASK_ALL);
+		acl_user = user;
+	}
+	return acl_held;
+}
+
+static void
+forget_privileges(Datum, int, uint32)
+{
+	acl_user = InvalidOid;
+}
+
 static void
 forget(Datum, Oid relid)
 {
@@ -119,6 +179,7 @@ forget(Datum, Oid relid)
 	    relid == cache.expiry_oid)
 	{
 		cache_valid = false;
+		acl_user = InvalidOid;
 		cache_generation++;
 	}
 }
@@ -127,6 +188,9 @@ void
 catalog_register_invalidation()
 {
 	CacheRegisterRelcacheCallback(forget, (Datum) 0);
+	// Role attributes (superuser, bypassrls) and memberships decide privileges too.
+	CacheRegisterSyscacheCallback(AUTHOID, forget_privileges, (Datum) 0);
+	CacheRegisterSyscacheCallback(AUTHMEMMEMROLE, forget_privileges, (Datum) 0);
 }
 
 } // namespace idem

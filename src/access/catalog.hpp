@@ -52,6 +52,13 @@ struct Catalog
 	// fill in sk_argument.
 	ScanKeyData pkey_scankey[2];
 	ScanKeyData expiry_scankey;
+	// The table's indexes, read under the table's lock by catalog_load_indexes. index_info is
+	// nullptr for an index with expressions or a predicate: its IndexInfo carries per-query state,
+	// so it is built per call.
+	bool indexes_loaded;
+	int nindexes;
+	Oid *index_oid;
+	IndexInfo **index_info;
 };
 
 // The catalog of the extension in this database; ERROR if it is not installed. The pointer stays
@@ -61,6 +68,13 @@ const Catalog *catalog_get();
 
 // True while the catalog returned last is still current.
 bool catalog_is_current(const Catalog *catalog);
+
+// Reads the index list of the open table into the cache, once per catalog.
+void catalog_load_indexes(Relation rel);
+
+// The privileges among SELECT, INSERT, UPDATE and DELETE that `user` holds on idem_keys, remembered
+// until a grant, an ownership or a role change invalidates them.
+AclMode catalog_privileges(Oid user);
 
 void catalog_register_invalidation();
 

@@ -35,9 +35,15 @@ open_table(KeyTable *kt, LOCKMODE lockmode)
 		Relation rel = try_table_open(catalog->relid, lockmode);
 		if (rel != nullptr && catalog_is_current(catalog))
 		{
-			kt->catalog = *catalog;
-			kt->rel = rel;
-			return;
+			// Under the table's lock the index list cannot change but by our own transaction,
+			// whose DDL invalidates the catalog like anyone's.
+			catalog_load_indexes(rel);
+			if (catalog_is_current(catalog))
+			{
+				kt->catalog = *catalog;
+				kt->rel = rel;
+				return;
+			}
 		}
 		if (rel != nullptr)
 			table_close(rel, lockmode);
@@ -46,27 +52,26 @@ open_table(KeyTable *kt, LOCKMODE lockmode)
 	}
 }
 
+// The indexes that a write maintains, opened on the first write of the call: claims answered
+// from an existing row (replay, in_progress) never need them.
 static void
 open_indexes(KeyTable *kt)
 {
-	List *oids = RelationGetIndexList(kt->rel);
-	kt->nindexes = list_length(oids);
-	kt->indexes = (Relation *) palloc(sizeof(Relation) * kt->nindexes);
-	kt->index_info = (IndexInfo **) palloc(sizeof(IndexInfo *) * kt->nindexes);
-	int i = 0;
-	ListCell *lc;
-	foreach (lc, oids)
+	if (kt->indexes != nullptr)
+		return;
+	int n = kt->catalog.nindexes;
+	kt->indexes = (Relation *) palloc(sizeof(Relation) * n);
+	kt->index_info = (IndexInfo **) palloc(sizeof(IndexInfo *) * n);
+	for (int i = 0; i < n; i++)
 	{
-		Relation index = index_open(lfirst_oid(lc), kt->lockmode);
+		Oid oid = kt->catalog.index_oid[i];
+		Relation index = oid == kt->catalog.pkey_oid ? kt->pkey : index_open(oid, kt->lockmode);
 		kt->indexes[i] = index;
-		kt->index_info[i] = BuildIndexInfo(index);
-		if (RelationGetRelid(index) == kt->catalog.pkey_oid)
-			kt->pkey = index;
-		i++;
+		kt->index_info[i] = kt->catalog.index_info[i] != nullptr ? kt->catalog.index_info[i]
+		                                                         : BuildIndexInfo(index);
 	}
-	list_free(oids);
-	if (kt->pkey == nullptr)
-		elog(ERROR, "idempotency: primary key of idem_keys not found");
+	kt->nindexes = n;
+	kt->written = MakeSingleTupleTableSlot(RelationGetDescr(kt->rel), &TTSOpsHeapTuple);
 }
 
 bool
@@ -82,7 +87,7 @@ keytable_open(KeyTable *kt, Access access, const char *caller)
 	open_table(kt, kt->lockmode);
 
 	AclMode needed = privileges_for(access);
-	if (pg_class_aclmask(RelationGetRelid(kt->rel), GetUserId(), needed, ACLMASK_ALL) != needed)
+	if ((catalog_privileges(GetUserId()) & needed) != needed)
 		aclcheck_error(ACLCHECK_NO_PRIV, OBJECT_TABLE, RelationGetRelationName(kt->rel));
 
 	// This layer cannot evaluate row-level security policies: when they apply to the caller, the
@@ -95,19 +100,10 @@ keytable_open(KeyTable *kt, Access access, const char *caller)
 		return false;
 	}
 
-	switch (access)
-	{
-		case Access::read:
-			kt->pkey = index_open(kt->catalog.pkey_oid, kt->lockmode);
-			break;
-		case Access::write:
-			open_indexes(kt);
-			kt->written = MakeSingleTupleTableSlot(RelationGetDescr(kt->rel), &TTSOpsHeapTuple);
-			break;
-		case Access::reap:
-			kt->expiry = index_open(kt->catalog.expiry_oid, kt->lockmode);
-			break;
-	}
+	if (access == Access::reap)
+		kt->expiry = index_open(kt->catalog.expiry_oid, kt->lockmode);
+	else
+		kt->pkey = index_open(kt->catalog.pkey_oid, kt->lockmode);
 	kt->found = table_slot_create(kt->rel, nullptr);
 	return true;
 }
@@ -120,12 +116,12 @@ keytable_close(KeyTable *kt)
 		ExecDropSingleTupleTableSlot(kt->written);
 	if (kt->estate != nullptr)
 		FreeExecutorState(kt->estate);
-	if (kt->indexes != nullptr)
+	for (int i = 0; i < kt->nindexes; i++)
 	{
-		for (int i = 0; i < kt->nindexes; i++)
+		if (kt->indexes[i] != kt->pkey)
 			index_close(kt->indexes[i], NoLock);
 	}
-	else if (kt->pkey != nullptr)
+	if (kt->pkey != nullptr)
 		index_close(kt->pkey, NoLock);
 	if (kt->expiry != nullptr)
 		index_close(kt->expiry, NoLock);
@@ -303,6 +299,7 @@ insert_index_entries(KeyTable *kt, bool speculative)
 bool
 keytable_insert(KeyTable *kt, const KeyRow *row)
 {
+	open_indexes(kt);
 	store_written(kt, row, nullptr);
 	TransactionId xid = GetCurrentTransactionId();
 	// Others who find the tuple wait on this token for our decision, not on our transaction.
@@ -320,6 +317,7 @@ keytable_insert(KeyTable *kt, const KeyRow *row)
 TM_Result
 keytable_update(KeyTable *kt, const KeyRow *row)
 {
+	open_indexes(kt);
 	ItemPointerData otid = kt->found->tts_tid;
 	store_written(kt, row, kt->found);
 	TM_FailureData tmfd;
