@@ -53,19 +53,15 @@ scope_arg(FunctionCallInfo fcinfo, int arg)
 	return PointerGetDatum(scope);
 }
 
-// NULL means "use the setting". Months count as 30 days, as interval comparison does.
+// NULL means "use the setting". Checked now, with the call's clock, so that a bad interval is
+// refused before anything is read; the lease and expiry themselves start when the claim writes.
 const Interval *
 duration_arg(FunctionCallInfo fcinfo, int arg, const char *name)
 {
 	if (PG_ARGISNULL(arg))
 		return nullptr;
-	static const Interval zero = {0, 0, 0};
-	static const Interval hundred_years = {0, 0, 100 * MONTHS_PER_YEAR};
 	Interval *value = PG_GETARG_INTERVAL_P(arg);
-	if (!DatumGetBool(DirectFunctionCall2(interval_gt, PointerGetDatum(value), PointerGetDatum(&zero))) ||
-	    !DatumGetBool(DirectFunctionCall2(interval_le, PointerGetDatum(value), PointerGetDatum(&hundred_years))))
-		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-		                errmsg("argument \"%s\" must be a positive interval of at most 100 years", name)));
+	(void) duration_end(GetCurrentTimestamp(), value, name);
 	return value;
 }
 

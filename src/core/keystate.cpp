@@ -18,24 +18,48 @@ clock_now()
 }
 
 static TimestampTz
-plus(TimestampTz t, const Interval *interval, int64 default_usecs)
+add_interval(TimestampTz t, const Interval *interval)
 {
-	if (interval == nullptr)
-		return t + default_usecs;
 	return DatumGetTimestampTz(
 	    DirectFunctionCall2(timestamptz_pl_interval, TimestampTzGetDatum(t), PointerGetDatum(interval)));
+}
+
+static void
+invalid_duration(const char *name)
+{
+	ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+	                errmsg("argument \"%s\" must be a positive interval of at most 100 years", name)));
+}
+
+TimestampTz
+duration_end(TimestampTz from, const Interval *interval, const char *name)
+{
+	static const Interval zero = {0, 0, 0};
+	static const Interval hundred_years = {0, 0, 100 * MONTHS_PER_YEAR};
+	// The comparison first keeps the addition below from overflowing.
+	if (!DatumGetBool(DirectFunctionCall2(interval_gt, PointerGetDatum(interval), PointerGetDatum(&zero))) ||
+	    !DatumGetBool(DirectFunctionCall2(interval_le, PointerGetDatum(interval), PointerGetDatum(&hundred_years))))
+		invalid_duration(name);
+	TimestampTz end = add_interval(from, interval);
+	if (end <= from || end > add_interval(from, &hundred_years))
+		invalid_duration(name);
+	return end;
 }
 
 static TimestampTz
 lease_end(const ClaimInput *in, TimestampTz now)
 {
-	return plus(now, in->lease, setting_default_lease_ms * INT64CONST(1000));
+	if (in->lease == nullptr)
+		return now + setting_default_lease_ms * INT64CONST(1000);
+	return duration_end(now, in->lease, "lease");
 }
 
 static TimestampTz
 expiry(const ClaimInput *in, TimestampTz now)
 {
-	return plus(now, in->ttl, setting_default_ttl_s * USECS_PER_SEC);
+	if (in->ttl == nullptr)
+		return now + setting_default_ttl_s * USECS_PER_SEC;
+	return duration_end(now, in->ttl, "ttl");
 }
 
 static const char *
@@ -88,7 +112,7 @@ set_null(KeyRow *row, Column c)
 static void
 serialization_failure(const char *what)
 {
-	ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+	ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 	                errmsg("could not serialize access due to concurrent %s", what)));
 }
 

@@ -35,6 +35,11 @@ struct ClaimOutput
 
 void claim(const ClaimInput *in, ClaimOutput *out);
 
+// from + interval, which must be after `from` and at most 100 years later (22023 naming the
+// argument otherwise). Checked against the real calendar: '-1 year 361 days' compares as positive
+// (a month counts 30 days in interval comparison) yet ends in the past.
+TimestampTz duration_end(TimestampTz from, const Interval *interval, const char *name);
+
 struct FinishInput
 {
 	Datum scope;
