@@ -241,9 +241,9 @@ SELECT idem_lookup('hx-odd', 'cafe') IS NULL AS no_prefix_match,
 SELECT 1 AS backend_up;
 
 --
--- 4. ttl and lease: positive and at most 100 years, compared as PostgreSQL compares intervals
---    (a month is 30 days); else 22023, on new and existing keys alike.  Intervals that
---    PostgreSQL cannot represent fail in PostgreSQL before the function runs.
+-- 4. ttl and lease: must move the clock forward, by at most 100 years; else 22023, on new and
+--    existing keys alike (mixed signs: sec_intervals.sql).  Intervals that PostgreSQL cannot
+--    represent fail in PostgreSQL before the function runs.
 --
 CALL pg_temp.bad(73, $$SELECT idem_claim('hx-iv', NULL, 'hx', ttl => '0')$$);
 CALL pg_temp.bad(74, $$SELECT idem_claim('hx-iv', NULL, 'hx', ttl => '-1 s')$$);
