@@ -77,6 +77,13 @@ sub verdict {
 	my $ok = $t->[0] eq '>=' ? $r >= $t->[1] - 1e-9 : $r <= $t->[1] + 1e-9;
 	return $ok ? 'PASS' : 'FAIL';
 }
+# extension / variant in each round (pairs measured minutes apart): shows how noisy a ratio is
+sub round_ratios {
+	my ($ext_runs, $var_runs) = @_;
+	my %e = map { $_->[0] => $_->[1] } @$ext_runs;
+	return join(' ', map { exists $e{ $_->[0] } ? fmt_ratio(ratio($e{ $_->[0] }, $_->[1])) : 'n/a' }
+		  sort { $a->[0] <=> $b->[0] } @$var_runs);
+}
 sub mib { return sprintf('%.2f MB', $_[0] / 1048576); }
 
 my @passes = split ' ', ($meta{passes} // 'on off');
@@ -109,8 +116,8 @@ print "\n";
 for my $pass (@passes) {
 	next unless $tps{$pass};
 	print "## Throughput: $pass_title{$pass}\n\n";
-	print "| workload | variant | median tps | tps per round | extension / variant | target | result |\n";
-	print "|---|---|---:|---|---:|---|---|\n";
+	print "| workload | variant | median tps | tps per round | extension / variant | per round | target | result |\n";
+	print "|---|---|---:|---|---:|---|---|---|\n";
 	for my $w (@workloads) {
 		my ($wl, $vars) = @$w;
 		my $ext = median(map { $_->[1] } @{ $tps{$pass}{$wl}{ext} // [] });
@@ -124,9 +131,11 @@ for my $pass (@passes) {
 				$t = $target{"$wl/$v"};
 				$summary{"$wl/$v"}{$pass} = $r;
 			}
-			printf "| %s | %s | %s | %s | %s | %s | %s |\n", $wl, $label{$v}, fmt_num($med),
+			printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", $wl, $label{$v}, fmt_num($med),
 			  join(' ', map { fmt_num($_) } @sorted),
-			  $v eq 'ext' ? '' : fmt_ratio($r), $v eq 'ext' ? '' : target_text($t),
+			  $v eq 'ext' ? '' : fmt_ratio($r),
+			  $v eq 'ext' ? '' : round_ratios($tps{$pass}{$wl}{ext} // [], $runs),
+			  $v eq 'ext' ? '' : target_text($t),
 			  $v eq 'ext' ? '' : ($t ? verdict($r, $t) : 'info');
 		}
 	}
@@ -146,16 +155,17 @@ if (%reap) {
 	print "## Reaping: $meta{reap_keys} expired keys, batches of 1000, a COMMIT per batch\n\n";
 	print "`CALL idem_reap_all()` against `CALL ref.reap_all(1000)` (bench/references.sql), the same keys\n";
 	print "loaded into both tables before each round; keys per second.\n\n";
-	print "| workload | variant | median keys/s | keys/s per round | extension / variant | target | result |\n";
-	print "|---|---|---:|---|---:|---|---|\n";
+	print "| workload | variant | median keys/s | keys/s per round | extension / variant | per round | target | result |\n";
+	print "|---|---|---:|---|---:|---|---|---|\n";
 	my $ext = median(map { $_->[1] } @{ $reap{ext} // [] });
 	for my $v (qw(ext ref)) {
 		my @sorted = map { $_->[1] } sort { $a->[0] <=> $b->[0] } @{ $reap{$v} // [] };
 		my $med = median(@sorted);
 		my $r = $v eq 'ext' ? '' : ratio($ext, $med);
 		$summary{'reap/ref'}{on} = $r if $v ne 'ext';
-		printf "| reap | %s | %s | %s | %s | %s | %s |\n", $label{$v}, fmt_num($med),
+		printf "| reap | %s | %s | %s | %s | %s | %s | %s |\n", $label{$v}, fmt_num($med),
 		  join(' ', map { fmt_num($_) } @sorted), $v eq 'ext' ? '' : fmt_ratio($r),
+		  $v eq 'ext' ? '' : round_ratios($reap{ext} // [], $reap{$v} // []),
 		  $v eq 'ext' ? '' : target_text($target{'reap/ref'}),
 		  $v eq 'ext' ? '' : verdict($r, $target{'reap/ref'});
 	}
