@@ -21,7 +21,7 @@ open my $mf, '<', $meta_file or die "$meta_file: $!\n";
 while (<$mf>) { chomp; my ($k, $v) = split /\t/, $_, 2; $meta{$k} = $v; }
 close $mf;
 
-my (%tps, %hot, %reap, %size, @memory);
+my (%tps, %hot, %reap, %size, %sizeidx, @memory);
 open my $rf, '<', $res_file or die "$res_file: $!\n";
 while (<$rf>) {
 	chomp;
@@ -30,6 +30,7 @@ while (<$rf>) {
 	elsif ($f[0] eq 'hot') { push @{ $hot{ $f[1] }{ $f[3] } }, $f[6] ? $f[5] / $f[6] : 'NA'; }
 	elsif ($f[0] eq 'reap') { push @{ $reap{ $f[3] } }, [ $f[4], $f[5] ]; }
 	elsif ($f[0] eq 'size') { $size{ $f[3] } = { keys => $f[5], heap => $f[6], idx => $f[7], total => $f[8] }; }
+	elsif ($f[0] eq 'sizeidx') { push @{ $sizeidx{ $f[3] } }, [ $f[5], $f[6] ]; }
 	elsif ($f[0] eq 'memory') { @memory = @f[ 5 .. 9 ]; }
 }
 close $rf;
@@ -193,6 +194,13 @@ if (%size) {
 		  $v eq 'ext' ? '' : verdict($r, $target{'bytes_per_key/ref'});
 	}
 	print "\n";
+	for my $v (qw(ext ref)) {
+		next unless $sizeidx{$v} && $size{$v} && $size{$v}{keys};
+		printf "%s: heap %.1f bytes/key; %s.\n", $v eq 'ext' ? 'idem_keys' : 'ref.keys_a',
+		  $size{$v}{heap} / $size{$v}{keys},
+		  join(', ', map { sprintf('%s %.1f bytes/key', $_->[0], $_->[1] / $size{$v}{keys}) } @{ $sizeidx{$v} });
+	}
+	print "\n" if %sizeidx;
 }
 
 # ---- memory
