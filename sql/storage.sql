@@ -131,8 +131,6 @@ SELECT state, count(*) FROM idem_keys WHERE scope = 'st-churn' GROUP BY 1 ORDER 
 COMMIT;
 SELECT bt_index_check('idem_keys_pkey', true);
 SELECT bt_index_parent_check('idem_keys_pkey', true);
-SELECT bt_index_check('idem_keys_expires_at_idx', true);
-SELECT bt_index_parent_check('idem_keys_expires_at_idx', true);
 SELECT count(*) AS heap_corruption FROM verify_heapam('idem_keys');
 -- index scans agree with the heap: the same rows through either index as through the heap
 SET enable_indexscan = off;
@@ -143,17 +141,25 @@ SET enable_seqscan = off;
 SET enable_indexonlyscan = off;
 EXPLAIN (COSTS OFF) SELECT count(*) FROM idem_keys WHERE scope >= '';
 SELECT count(*) = :heap_rows AS pkey_scan_complete FROM idem_keys WHERE scope >= '';
-EXPLAIN (COSTS OFF) SELECT count(*) FROM idem_keys WHERE expires_at > '-infinity';
-SELECT count(*) = :heap_rows AS expires_at_scan_complete FROM idem_keys WHERE expires_at > '-infinity';
 RESET enable_seqscan;
 RESET enable_bitmapscan;
 RESET enable_indexonlyscan;
+-- the expires_at index is a BRIN summary (amcheck has none for BRIN in PostgreSQL 15): a bitmap
+-- scan through it finds every row, before and after summarizing the new ranges
+SET enable_seqscan = off;
+SET enable_indexscan = off;
+EXPLAIN (COSTS OFF) SELECT count(*) FROM idem_keys WHERE expires_at > '-infinity';
+SELECT count(*) = :heap_rows AS expires_at_scan_complete FROM idem_keys WHERE expires_at > '-infinity';
+SELECT brin_summarize_new_values('idem_keys_expires_at_idx') >= 0 AS summarized;
+SELECT count(*) = :heap_rows AS expires_at_scan_complete FROM idem_keys WHERE expires_at > '-infinity';
+RESET enable_seqscan;
+RESET enable_indexscan;
 -- the expires_at index follows a takeover that moves expires_at
 SELECT outcome FROM idem_claim('st-move', NULL, 'st', ttl => '1 hour', lease => '10 ms');
 SELECT pg_sleep(0.05);
 SELECT outcome, attempt FROM idem_claim('st-move', NULL, 'st', ttl => '3 days');
 SET enable_seqscan = off;
-SET enable_bitmapscan = off;
+SET enable_indexscan = off;
 SET enable_indexonlyscan = off;
 EXPLAIN (COSTS OFF)
 SELECT key FROM idem_keys WHERE expires_at > now() + interval '2 days' AND expires_at < now() + interval '4 days';
@@ -163,7 +169,7 @@ SELECT count(*) AS stale_entries
 FROM (SELECT key FROM idem_keys WHERE expires_at < now() + interval '2 hours' OFFSET 0) s
 WHERE key = 'st-move';
 RESET enable_seqscan;
-RESET enable_bitmapscan;
+RESET enable_indexscan;
 RESET enable_indexonlyscan;
 
 -- 3. Large values: a TOASTed response is stored and replayed whole; a large request is
@@ -221,7 +227,6 @@ SELECT state FROM idem_lookup('st-rw-2', 'st');
 VACUUM idem_keys;
 SELECT outcome, inserted FROM idem_claim('st-rw-2', NULL, 'st');
 SELECT bt_index_check('idem_keys_pkey', true);
-SELECT bt_index_check('idem_keys_expires_at_idx', true);
 -- TRUNCATE in a transaction that rolls back, then for real
 BEGIN;
 TRUNCATE idem_keys;
@@ -233,7 +238,6 @@ SELECT outcome, inserted FROM idem_claim('st-rw-1', NULL, 'st');
 DELETE FROM idem_keys WHERE scope LIKE 'st%';
 SELECT count(*) AS heap_corruption FROM verify_heapam('idem_keys');
 SELECT bt_index_check('idem_keys_pkey', true);
-SELECT bt_index_check('idem_keys_expires_at_idx', true);
 
 DROP VIEW pg_temp.writes;
 DROP EXTENSION amcheck;

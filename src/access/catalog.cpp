@@ -102,7 +102,8 @@ build(Catalog *c)
 		ScanKeyEntryInitialize(&c->pkey_scankey[i], 0, i + 1, BTEqualStrategyNumber, InvalidOid,
 		                       collation, F_TEXTEQ, (Datum) 0);
 	}
-	ScanKeyEntryInitialize(&c->expiry_scankey, 0, 1, BTLessEqualStrategyNumber, InvalidOid,
+	// The right-hand type is named: BRIN's minmax looks its operator up by it (btree would default).
+	ScanKeyEntryInitialize(&c->expiry_scankey, 0, 1, BTLessEqualStrategyNumber, TIMESTAMPTZOID,
 	                       InvalidOid, F_TIMESTAMPTZ_LE, (Datum) 0);
 	MemoryContextSwitchTo(old);
 }

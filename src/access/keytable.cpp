@@ -352,25 +352,94 @@ keytable_delete_unless_busy(KeyTable *kt)
 	return result == TM_Ok;
 }
 
+// Where this backend's last bitmap expiry scan stopped, for the table with this storage.
+static RelFileNode expiry_resume_node;
+static BlockNumber expiry_resume_block = 0;
+
 void
 keytable_expiry_begin(KeyTable *kt, ExpiryScan *es, TimestampTz until, Snapshot snapshot)
 {
+	memset(es, 0, sizeof(*es));
+	es->until = until;
 	ScanKeyData key = kt->catalog.expiry_scankey;
 	key.sk_argument = TimestampTzGetDatum(until);
-	es->scan = index_beginscan(kt->rel, kt->expiry, snapshot, 1, 0);
-	index_rescan(es->scan, &key, 1, nullptr, 0);
+	if (kt->expiry->rd_indam->amgettuple != nullptr)
+	{
+		es->scan = index_beginscan(kt->rel, kt->expiry, snapshot, 1, 0);
+		index_rescan(es->scan, &key, 1, nullptr, 0);
+		return;
+	}
+	IndexScanDesc scan = index_beginscan_bitmap(kt->expiry, snapshot, 1);
+	index_rescan(scan, &key, 1, nullptr, 0);
+	es->bitmap = tbm_create(work_mem * INT64CONST(1024), nullptr);
+	index_getbitmap(scan, es->bitmap);
+	index_endscan(scan);
+	es->heap = table_beginscan_bm(kt->rel, snapshot, 0, nullptr);
+	es->iterator = tbm_begin_iterate(es->bitmap);
+	bool same_storage = RelFileNodeEquals(expiry_resume_node, kt->rel->rd_node);
+	es->start = same_storage ? expiry_resume_block : 0;
+}
+
+// The next page of the bitmap in this sweep, read; false when both sweeps are done.
+static bool
+next_expiry_page(ExpiryScan *es)
+{
+	for (;;)
+	{
+		es->page = tbm_iterate(es->iterator);
+		if (es->page == nullptr || (es->second_sweep && es->page->blockno >= es->start))
+		{
+			if (es->second_sweep || es->start == 0)
+				return false;
+			tbm_end_iterate(es->iterator);
+			es->iterator = tbm_begin_iterate(es->bitmap);
+			es->second_sweep = true;
+			continue;
+		}
+		if (!es->second_sweep && es->page->blockno < es->start)
+			continue;
+		if (table_scan_bitmap_next_block(es->heap, es->page))
+			return true;
+	}
 }
 
 bool
 keytable_expiry_next(KeyTable *kt, ExpiryScan *es)
 {
-	return index_getnext_slot(es->scan, ForwardScanDirection, kt->found);
+	if (es->scan != nullptr)
+		return index_getnext_slot(es->scan, ForwardScanDirection, kt->found);
+	for (;;)
+	{
+		if (es->page == nullptr && !next_expiry_page(es))
+			return false;
+		if (!table_scan_bitmap_next_tuple(es->heap, es->page, kt->found))
+		{
+			es->page = nullptr;
+			continue;
+		}
+		// The bitmap is lossy: a page of a summarized range may hold keys that expire later.
+		bool isnull;
+		Datum expires = slot_getattr(kt->found, kt->catalog.attnum[COL_EXPIRES_AT], &isnull);
+		if (!isnull && DatumGetTimestampTz(expires) <= es->until)
+		{
+			expiry_resume_node = kt->rel->rd_node;
+			expiry_resume_block = ItemPointerGetBlockNumber(&kt->found->tts_tid);
+			return true;
+		}
+	}
 }
 
 void
 keytable_expiry_end(ExpiryScan *es)
 {
-	index_endscan(es->scan);
+	if (es->scan != nullptr)
+	{
+		index_endscan(es->scan);
+		return;
+	}
+	table_endscan(es->heap);
+	tbm_end_iterate(es->iterator);
+	tbm_free(es->bitmap);
 }
 
 Datum

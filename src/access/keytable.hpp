@@ -66,10 +66,20 @@ TM_Result keytable_update(KeyTable *kt, const KeyRow *row);
 // Deletes the version in kt->found unless another transaction holds or changed it: never waits.
 bool keytable_delete_unless_busy(KeyTable *kt);
 
-// Walks keys with expires_at <= until under an MVCC snapshot, oldest first.
+// Walks the keys with expires_at <= until that an MVCC snapshot sees. With an ordered index
+// (btree) oldest first; with a summarizing one (BRIN) in block order, starting where this
+// backend's previous scan stopped, so that successive batches do not pass over the pages they
+// emptied.
 struct ExpiryScan
 {
-	IndexScanDesc scan;
+	TimestampTz until;
+	IndexScanDesc scan;          // ordered index scan
+	TIDBitmap *bitmap;           // bitmap heap scan
+	TBMIterator *iterator;
+	TBMIterateResult *page;
+	TableScanDesc heap;
+	BlockNumber start;           // first sweep: blocks >= start; second sweep: blocks < start
+	bool second_sweep;
 };
 void keytable_expiry_begin(KeyTable *kt, ExpiryScan *es, TimestampTz until, Snapshot snapshot);
 bool keytable_expiry_next(KeyTable *kt, ExpiryScan *es);

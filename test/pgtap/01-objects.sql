@@ -7,9 +7,9 @@ SELECT plan(71);
 -- The extension itself
 SELECT has_extension('idempotency', 'extension idempotency is installed');
 SELECT is((SELECT extversion FROM pg_extension WHERE extname = 'idempotency'),
-          '1.0', 'installed version is 1.0');
+          '1.1', 'installed version is 1.1');
 SELECT is((SELECT default_version FROM pg_available_extensions WHERE name = 'idempotency'),
-          '1.0', 'default version is 1.0');
+          '1.1', 'default version is 1.1');
 SELECT is((SELECT extrelocatable FROM pg_extension WHERE extname = 'idempotency'),
           false, 'extension is not relocatable');
 SELECT ok((SELECT 'idem_keys'::regclass = ANY (extconfig)
@@ -133,7 +133,7 @@ SELECT index_is_primary('idem_keys', 'idem_keys_pkey');
 SELECT index_is_unique('idem_keys', 'idem_keys_pkey');
 SELECT has_index('idem_keys', 'idem_keys_expires_at_idx', 'expires_at', 'index idem_keys_expires_at_idx is on (expires_at)');
 SELECT index_is_type('idem_keys', 'idem_keys_pkey', 'btree');
-SELECT index_is_type('idem_keys', 'idem_keys_expires_at_idx', 'btree');
+SELECT index_is_type('idem_keys', 'idem_keys_expires_at_idx', 'brin');
 
 -- Row-level security is off by default (enabling it is supported: 03-privileges)
 SELECT is((SELECT relrowsecurity FROM pg_class WHERE oid = 'idem_keys'::regclass),
