@@ -182,6 +182,16 @@ keytable_find_visible(KeyTable *kt, Datum scope, Datum key, Snapshot snapshot)
 	return found;
 }
 
+bool
+keytable_exists_now(KeyTable *kt, Datum scope, Datum key)
+{
+	Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
+	bool found = keytable_find_visible(kt, scope, key, snapshot);
+	ExecClearTuple(kt->found);
+	UnregisterSnapshot(snapshot);
+	return found;
+}
+
 void
 keytable_read(KeyTable *kt, TupleTableSlot *slot, KeyRow *row)
 {

@@ -51,6 +51,12 @@ bool keytable_find_latest(KeyTable *kt, Datum scope, Datum key);
 // Finds (scope, key) as an MVCC snapshot sees it. True with the version in kt->found.
 bool keytable_find_visible(KeyTable *kt, Datum scope, Datum key, Snapshot snapshot);
 
+// Whether (scope, key) has a committed version now, by a fresh snapshot. keytable_find_latest can
+// miss a key whose old version dies while its scan runs: the btree scan reads a leaf page's entries
+// at once, so the new version's entry, added after that, is not among them. A snapshot taken after
+// that scan sees the new version, and its index entry.
+bool keytable_exists_now(KeyTable *kt, Datum scope, Datum key);
+
 void keytable_read(KeyTable *kt, TupleTableSlot *slot, KeyRow *row);
 TransactionId keytable_found_xmin(KeyTable *kt);
 bool keytable_found_visible_to(KeyTable *kt, Snapshot snapshot);

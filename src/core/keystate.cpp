@@ -368,7 +368,12 @@ finish_direct(KeyTable *kt, const FinishInput *in)
 	{
 		CHECK_FOR_INTERRUPTS();
 		if (!keytable_find_latest(kt, in->scope, in->key))
+		{
+			// Absent, or moved by a concurrent update while the scan ran: a fresh look tells.
+			if (keytable_exists_now(kt, in->scope, in->key))
+				continue;
 			key_not_found(in->key);
+		}
 		if (!TransactionIdIsCurrentTransactionId(keytable_found_xmin(kt)))
 			check_serializable(kt);
 		KeyRow row;

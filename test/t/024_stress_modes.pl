@@ -299,17 +299,9 @@ my %n = map { split /=/ } split /\n/, query(q{
 note join(' ', map { "$_=$n{$_}" } sort keys %n);
 cmp_ok($n{$_}, '>', 0, "the stress produced $_ ($n{$_})") for sort keys %n;
 
-# BUG-IK003-RACE: a completion racing with a takeover of the same key sometimes gets IK003
-# ("does not exist") although the key exists all along: keytable_find_latest's dirty-snapshot
-# index scan misses the new row version of a non-HOT update that committed after the scan read
-# the index page.  Reported to the lead; the two checks below are TODO until it is fixed (they
-# fail only sometimes, and must not make the whole suite flaky meanwhile).  Remove both $TODO
-# lines with the fix.
-{
-	local $TODO = 'BUG-IK003-RACE: complete/fail racing a takeover may get IK003';
-	is(query(q{SELECT count(*) || coalesce(': ' || string_agg(DISTINCT message, '; '), '') FROM anomaly_log}),
-		'0', 'lease: no completion of a claimed key got IK003 (key does not exist)');
-}
+# A completion racing a takeover of the same key must never get IK003: the key exists all along.
+is(query(q{SELECT count(*) || coalesce(': ' || string_agg(DISTINCT message, '; '), '') FROM anomaly_log}),
+	'0', 'lease: no completion of a claimed key got IK003 (key does not exist)');
 
 # ---- phase 2: stale completions racing with takeovers of one key
 query(q{SELECT idem_claim('race', scope => 'race', lease => '1 microsecond')});
@@ -337,11 +329,8 @@ cmp_ok($takeovers, '>=', 1000, 'race: the key was taken over at least 1000 times
 cmp_ok($stale, '>=', 500, 'race: at least 500 stale completions and failures ran');
 is(query(q{SELECT count(*) FROM race_log WHERE sqlstate NOT IN ('IK002', 'IK003')}), '0',
 	'race: no stale completion or failure succeeded or failed otherwise than IK002/IK003');
-{
-	local $TODO = 'BUG-IK003-RACE: complete/fail racing a takeover may get IK003';
-	is(query(q{SELECT count(*) FROM race_log WHERE sqlstate <> 'IK002'}), '0',
-		'race: every stale completion or failure got IK002 (never IK003: the key exists all along)');
-}
+is(query(q{SELECT count(*) FROM race_log WHERE sqlstate <> 'IK002'}), '0',
+	'race: every stale completion or failure got IK002 (never IK003: the key exists all along)');
 is(query(q{SELECT state FROM idem_keys WHERE scope = 'race'}), 'pending', 'race: the key is still pending');
 
 $node->stop;
