@@ -146,7 +146,7 @@ for my $pass (@passes) {
 		my $share = median(@{ $hot{$pass}{$v} });
 		push @shares, sprintf('%s %.0f%%', $label{$v}, 100 * $share) unless $share eq 'NA';
 	}
-	print "\nhot_key: share of the transactions that claimed a key (the others waited and replayed): ",
+	print "\nhot_key: share of the transactions that claimed a key (the others replayed it): ",
 	  join(', ', @shares), ".\n" if @shares;
 	print "\n";
 }
