@@ -182,6 +182,74 @@ keytable_find_visible(KeyTable *kt, Datum scope, Datum key, Snapshot snapshot)
 	return found;
 }
 
+// The row version this backend wrote last: its table's storage, transaction, place and key.
+// Forgotten when a subtransaction aborts (the version may then be vacuumed away, page and all);
+// a new transaction or new storage (TRUNCATE in this transaction) no longer matches.
+static struct
+{
+	Oid relid;
+	RelFileNode node;
+	TransactionId xid;
+	ItemPointerData tid;
+	int scope_len;
+	int key_len;
+	char bytes[2048 + 256]; // scope then key; longer ones are not remembered
+} own_last;
+
+static void
+forget_written(SubXactEvent event, SubTransactionId, SubTransactionId, void *)
+{
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+		own_last.relid = InvalidOid;
+}
+
+static void
+remember_written(KeyTable *kt, Datum scope, Datum key)
+{
+	static bool callback_registered = false;
+	if (!callback_registered)
+	{
+		RegisterSubXactCallback(forget_written, nullptr);
+		callback_registered = true;
+	}
+	text *s = DatumGetTextPP(scope);
+	text *k = DatumGetTextPP(key);
+	int slen = VARSIZE_ANY_EXHDR(s), klen = VARSIZE_ANY_EXHDR(k);
+	own_last.relid = InvalidOid;
+	if (slen + klen > (int) sizeof(own_last.bytes))
+		return;
+	memcpy(own_last.bytes, VARDATA_ANY(s), slen);
+	memcpy(own_last.bytes + slen, VARDATA_ANY(k), klen);
+	own_last.scope_len = slen;
+	own_last.key_len = klen;
+	own_last.tid = kt->written->tts_tid;
+	own_last.xid = GetTopTransactionId();
+	own_last.node = kt->rel->rd_node;
+	own_last.relid = RelationGetRelid(kt->rel);
+}
+
+bool
+keytable_find_own_last(KeyTable *kt, Datum scope, Datum key)
+{
+	if (own_last.relid != RelationGetRelid(kt->rel) || own_last.xid != GetTopTransactionIdIfAny() ||
+	    !RelFileNodeEquals(own_last.node, kt->rel->rd_node))
+		return false;
+	text *s = DatumGetTextPP(scope);
+	text *k = DatumGetTextPP(key);
+	if ((int) VARSIZE_ANY_EXHDR(s) != own_last.scope_len || (int) VARSIZE_ANY_EXHDR(k) != own_last.key_len ||
+	    memcmp(own_last.bytes, VARDATA_ANY(s), own_last.scope_len) != 0 ||
+	    memcmp(own_last.bytes + own_last.scope_len, VARDATA_ANY(k), own_last.key_len) != 0)
+		return false;
+	// Visible to a dirty snapshot and written by this transaction: not updated or deleted since,
+	// nor rolled back with a subtransaction; nobody else can have a newer version of our row.
+	SnapshotData dirty;
+	InitDirtySnapshot(dirty);
+	ItemPointerData tid = own_last.tid;
+	if (!table_tuple_fetch_row_version(kt->rel, &tid, &dirty, kt->found))
+		return false;
+	return TransactionIdIsCurrentTransactionId(keytable_found_xmin(kt));
+}
+
 bool
 keytable_exists_now(KeyTable *kt, Datum scope, Datum key)
 {
@@ -321,6 +389,8 @@ keytable_insert(KeyTable *kt, const KeyRow *row)
 	// sees two live versions of a key.
 	table_tuple_complete_speculative(kt->rel, kt->written, token, inserted);
 	SpeculativeInsertionLockRelease(xid);
+	if (inserted)
+		remember_written(kt, row->value[COL_SCOPE], row->value[COL_KEY]);
 	return inserted;
 }
 
@@ -342,6 +412,7 @@ keytable_update(KeyTable *kt, const KeyRow *row)
 			// A HOT update needs no new index entries.
 			if (update_indexes)
 				insert_index_entries(kt, false);
+			remember_written(kt, row->value[COL_SCOPE], row->value[COL_KEY]);
 			return result;
 		case TM_Updated:
 		case TM_Deleted:

@@ -48,6 +48,11 @@ void keytable_close(KeyTable *kt);
 // inserting, updating or deleting it, then looking again. True with the version in kt->found.
 bool keytable_find_latest(KeyTable *kt, Datum scope, Datum key);
 
+// keytable_find_latest for the key this transaction wrote last, without the index: true with
+// that version in kt->found when it is still the newest one (the common claim-then-complete in
+// one transaction); false means "use keytable_find_latest".
+bool keytable_find_own_last(KeyTable *kt, Datum scope, Datum key);
+
 // Finds (scope, key) as an MVCC snapshot sees it. True with the version in kt->found.
 bool keytable_find_visible(KeyTable *kt, Datum scope, Datum key, Snapshot snapshot);
 

@@ -364,10 +364,13 @@ claim_direct(KeyTable *kt, const ClaimInput *in, ClaimOutput *out)
 static Datum
 finish_direct(KeyTable *kt, const FinishInput *in)
 {
-	for (;;)
+	for (bool first = true;; first = false)
 	{
 		CHECK_FOR_INTERRUPTS();
-		if (!keytable_find_latest(kt, in->scope, in->key))
+		// Usually the row this transaction just claimed: then no index probe is needed.
+		bool found = (first && keytable_find_own_last(kt, in->scope, in->key)) ||
+		             keytable_find_latest(kt, in->scope, in->key);
+		if (!found)
 		{
 			// Absent, or moved by a concurrent update while the scan ran: a fresh look tells.
 			if (keytable_exists_now(kt, in->scope, in->key))
