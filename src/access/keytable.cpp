@@ -245,6 +245,12 @@ keytable_find_own_last(KeyTable *kt, Datum scope, Datum key)
 	SnapshotData dirty;
 	InitDirtySnapshot(dirty);
 	ItemPointerData tid = own_last.tid;
+	// Give the page the pruning an index fetch would (heap_fetch does none): without it the
+	// versions that earlier completions left dead are not removed, and new keys go to new pages.
+	// Before the fetch, since pruning may move tuples within the page.
+	Buffer buffer = ReadBuffer(kt->rel, ItemPointerGetBlockNumber(&tid));
+	heap_page_prune_opt(kt->rel, buffer);
+	ReleaseBuffer(buffer);
 	if (!table_tuple_fetch_row_version(kt->rel, &tid, &dirty, kt->found))
 		return false;
 	return TransactionIdIsCurrentTransactionId(keytable_found_xmin(kt));
