@@ -3,8 +3,9 @@
 // PostgreSQL reports errors with longjmp, which skips C++ destructors; a C++ exception must never
 // unwind through PostgreSQL frames. So: code below an entry point holds nothing with a non-trivial
 // destructor (memory is palloc'd, resources belong to PostgreSQL's resource owners), and every
-// SQL-callable function is declared with IDEM_SQL_FUNCTION, which catches any C++ exception and
-// raises it as an ereport once the exception object is gone.
+// SQL-callable function is declared with IDEM_SQL_FUNCTION (and the background worker calls into
+// core/ through run_guarded), which catches any C++ exception and raises it as an ereport once the
+// exception object is gone.
 #pragma once
 
 #include "common/pg.hpp"
@@ -14,15 +15,17 @@
 
 namespace idem {
 
-using SqlFunction = Datum (*)(FunctionCallInfo);
-
-inline Datum
-call_guarded(SqlFunction fn, FunctionCallInfo fcinfo)
+// Runs fn() and returns its result; a C++ exception it throws becomes an ERROR, raised once the
+// exception object is gone. fn must hold nothing with a non-trivial destructor (a lambda capturing
+// by reference does not).
+template <typename Fn>
+inline auto
+run_guarded(Fn fn) -> decltype(fn())
 {
 	static char what[256];
 	try
 	{
-		return fn(fcinfo);
+		return fn();
 	}
 	catch (const std::bad_alloc &)
 	{
@@ -38,6 +41,14 @@ call_guarded(SqlFunction fn, FunctionCallInfo fcinfo)
 	}
 	ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("idempotency: C++ exception: %s", what)));
 	pg_unreachable();
+}
+
+using SqlFunction = Datum (*)(FunctionCallInfo);
+
+inline Datum
+call_guarded(SqlFunction fn, FunctionCallInfo fcinfo)
+{
+	return run_guarded([&] { return fn(fcinfo); });
 }
 
 } // namespace idem

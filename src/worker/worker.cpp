@@ -18,6 +18,7 @@
 // follow common/guard.hpp: no C++ objects with destructors, no exceptions escaping.
 #include "worker/worker.hpp"
 
+#include "common/guard.hpp"
 #include "common/settings.hpp"
 #include "core/keystate.hpp"
 #include "stats/stats.hpp"
@@ -42,7 +43,6 @@ PGDLLEXPORT void idem_reaper_main(Datum main_arg);
 }
 
 #include <csignal>
-#include <exception>
 
 namespace idem {
 
@@ -261,27 +261,6 @@ launcher_loop()
 
 static char *my_datname = nullptr; // in TopMemoryContext
 
-// idem::reap under the guard.hpp rule: a C++ exception becomes an ERROR once it is gone.
-static int64
-reap_guarded(int32 batch)
-{
-	static char what[256];
-	try
-	{
-		return reap(batch);
-	}
-	catch (const std::exception &e)
-	{
-		strlcpy(what, e.what(), sizeof(what));
-	}
-	catch (...)
-	{
-		strlcpy(what, "unknown exception", sizeof(what));
-	}
-	ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("idempotency: C++ exception: %s", what)));
-	pg_unreachable();
-}
-
 // One pass: batches until one comes back short. False if the extension is not installed here.
 static bool
 reap_pass()
@@ -302,7 +281,7 @@ reap_pass()
 			return false;
 		}
 		pgstat_report_activity(STATE_RUNNING, "idempotency reaper: deleting expired keys");
-		int64 n = reap_guarded(batch);
+		int64 n = run_guarded([&] { return reap(batch); });
 		PopActiveSnapshot();
 		CommitTransactionCommand();
 		total += n;
