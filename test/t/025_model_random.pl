@@ -745,7 +745,9 @@ note sprintf('%d operations in %.1f s', $opno, $elapsed);
 note "  $_: $stats{$_}" for sort keys %stats;
 diag $failure if $failure;
 ok(!$failure, "model and database agree on all $opno operations (seed $seed)");
-is($opno, $nops, "all $nops operations ran");
+# a step can finish two operations (a call that waited ends with the transaction), so the
+# count may pass $nops by one
+cmp_ok($opno, '>=', $nops, "all $nops operations ran");
 
 # the run exercised what it is meant to (each of these happens hundreds of times per 10k)
 if ($nops >= 10000 && !$failure)
