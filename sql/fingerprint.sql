@@ -167,4 +167,24 @@ CALL pg_temp.expect_error($$SELECT idem_claim('fp-order-1', '{"v": 2}', 'fp')$$)
 SELECT outcome FROM idem_claim('fp-order-3', '{"v": 1}', 'fp');
 SELECT state FROM idem_complete('fp-order-3', '{"v": 99}', scope => 'fp');
 
+-- 8. The hash itself agrees with PostgreSQL's sha256() for every message length from 5 to 265
+-- bytes (the 55-, 56- and 64-byte edges of SHA-256's padding and blocks included), multi-byte
+-- UTF-8, and a request of a megabyte (thousands of blocks, the scope's partial block first).
+SELECT count(*) AS claimed
+FROM generate_series(0, 260) n,
+     idem_claim('fp-len-' || n, to_jsonb(repeat('x', n)), 'fp') c
+WHERE c.outcome = 'claimed';
+SELECT count(*) AS keys,
+       count(*) FILTER (WHERE fingerprint = sha256(convert_to('fp', 'UTF8') || '\x00'::bytea
+                                                   || convert_to(to_jsonb(repeat('x', substr(key, 8)::int))::text, 'UTF8')))
+           AS sha256_agrees
+FROM idem_keys WHERE scope = 'fp' AND key LIKE 'fp-len-%';
+SELECT outcome FROM idem_claim('fp-utf8', '{"name": "Zoë ✓ 😀", "note": "ünïcödé"}', 'fp-b');
+SELECT outcome FROM idem_claim('fp-long', jsonb_build_object('blob', repeat('0123456789', 100000)), 'fpx1');
+SELECT key, fingerprint = sha256(convert_to(scope, 'UTF8') || '\x00'::bytea
+                                 || convert_to(CASE key WHEN 'fp-utf8' THEN '{"name": "Zoë ✓ 😀", "note": "ünïcödé"}'::jsonb
+                                                        ELSE jsonb_build_object('blob', repeat('0123456789', 100000)) END::text, 'UTF8'))
+           AS sha256_agrees
+FROM idem_keys WHERE key IN ('fp-utf8', 'fp-long') ORDER BY key;
+
 DELETE FROM idem_keys WHERE scope IN ('fp', 'fp-b', 'fpx', 'fpx1') OR (scope = '' AND key LIKE 'fp-%');

@@ -1,19 +1,8 @@
 #include "common/fingerprint.hpp"
 
-extern "C" {
-#include "common/cryptohash.h"
-#include "common/sha2.h"
-}
+#include "common/sha256.hpp"
 
 namespace idem {
-
-static void
-hash_update(pg_cryptohash_ctx *ctx, const void *data, size_t len)
-{
-	if (pg_cryptohash_update(ctx, (const uint8 *) data, len) < 0)
-		elog(ERROR, "idempotency: could not compute the request fingerprint: %s",
-		     pg_cryptohash_error(ctx));
-}
 
 bytea *
 request_fingerprint(text *scope, Jsonb *request)
@@ -22,19 +11,15 @@ request_fingerprint(text *scope, Jsonb *request)
 	char *canonical = JsonbToCString(nullptr, &request->root, VARSIZE(request));
 	static const char separator = '\0';
 
-	pg_cryptohash_ctx *ctx = pg_cryptohash_create(PG_SHA256);
-	if (ctx == nullptr || pg_cryptohash_init(ctx) < 0)
-		elog(ERROR, "idempotency: could not start the request fingerprint");
-	hash_update(ctx, VARDATA_ANY(scope), VARSIZE_ANY_EXHDR(scope));
-	hash_update(ctx, &separator, 1);
-	hash_update(ctx, canonical, strlen(canonical));
+	Sha256 hash;
+	sha256_init(&hash);
+	sha256_update(&hash, VARDATA_ANY(scope), VARSIZE_ANY_EXHDR(scope));
+	sha256_update(&hash, &separator, 1);
+	sha256_update(&hash, canonical, strlen(canonical));
 
-	bytea *digest = (bytea *) palloc(VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
-	SET_VARSIZE(digest, VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
-	if (pg_cryptohash_final(ctx, (uint8 *) VARDATA(digest), PG_SHA256_DIGEST_LENGTH) < 0)
-		elog(ERROR, "idempotency: could not finish the request fingerprint: %s",
-		     pg_cryptohash_error(ctx));
-	pg_cryptohash_free(ctx);
+	bytea *digest = (bytea *) palloc(VARHDRSZ + sha256_digest_bytes);
+	SET_VARSIZE(digest, VARHDRSZ + sha256_digest_bytes);
+	sha256_final(&hash, (uint8_t *) VARDATA(digest));
 	pfree(canonical);
 	return digest;
 }
