@@ -42,7 +42,9 @@ FROM pg_stat_xact_user_tables WHERE relid = 'idem_keys'::regclass;
 
 -- 1. What is written: an insert per new key, one update per complete, fail or takeover, one
 -- delete per reaped key, and nothing for replay, in_progress, lookup, a re-entrant claim or
--- an error.
+-- an error, except that a claim right after one that created its key inserts first (see
+-- claim_insert_first.sql): when the key exists, a killed tuple (one insert and one delete in
+-- the statistics, nothing visible).
 BEGIN;
 SELECT inserted AS i0, updated AS u0, deleted AS d0 FROM pg_temp.writes \gset
 SELECT outcome, inserted FROM idem_claim('st-1', '{"n": 1}', 'st');
@@ -58,7 +60,8 @@ SELECT outcome FROM idem_claim('st-2', NULL, 'st', lease => '10 ms');
 SELECT outcome FROM idem_claim('st-3', NULL, 'st');
 SELECT outcome FROM idem_claim('st-4', NULL, 'st', lease => '10 ms');
 SELECT state FROM idem_fail('st-4', scope => 'st');
--- replay and in_progress in a later transaction, and errors
+-- replay and in_progress in a later transaction, and errors; the first claim follows st-4's
+-- creation, so it inserts first: one killed tuple
 BEGIN;
 SELECT inserted AS i0, updated AS u0, deleted AS d0 FROM pg_temp.writes \gset
 SELECT outcome FROM idem_claim('st-1', '{"n": 1}', 'st');

@@ -229,16 +229,22 @@ remember_written(KeyTable *kt, Datum scope, Datum key)
 }
 
 bool
-keytable_find_own_last(KeyTable *kt, Datum scope, Datum key)
+keytable_wrote_last(KeyTable *kt, Datum scope, Datum key)
 {
 	if (own_last.relid != RelationGetRelid(kt->rel) || own_last.xid != GetTopTransactionIdIfAny() ||
 	    !RelFileNodeEquals(own_last.node, kt->rel->rd_node))
 		return false;
 	text *s = DatumGetTextPP(scope);
 	text *k = DatumGetTextPP(key);
-	if ((int) VARSIZE_ANY_EXHDR(s) != own_last.scope_len || (int) VARSIZE_ANY_EXHDR(k) != own_last.key_len ||
-	    memcmp(own_last.bytes, VARDATA_ANY(s), own_last.scope_len) != 0 ||
-	    memcmp(own_last.bytes + own_last.scope_len, VARDATA_ANY(k), own_last.key_len) != 0)
+	return (int) VARSIZE_ANY_EXHDR(s) == own_last.scope_len && (int) VARSIZE_ANY_EXHDR(k) == own_last.key_len &&
+	       memcmp(own_last.bytes, VARDATA_ANY(s), own_last.scope_len) == 0 &&
+	       memcmp(own_last.bytes + own_last.scope_len, VARDATA_ANY(k), own_last.key_len) == 0;
+}
+
+bool
+keytable_find_own_last(KeyTable *kt, Datum scope, Datum key)
+{
+	if (!keytable_wrote_last(kt, scope, key))
 		return false;
 	// Visible to a dirty snapshot and written by this transaction: not updated or deleted since,
 	// nor rolled back with a subtransaction; nobody else can have a newer version of our row.

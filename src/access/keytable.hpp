@@ -48,6 +48,10 @@ void keytable_close(KeyTable *kt);
 // inserting, updating or deleting it, then looking again. True with the version in kt->found.
 bool keytable_find_latest(KeyTable *kt, Datum scope, Datum key);
 
+// Whether the key is the one this transaction wrote last (in this backend, not rolled back with a
+// subtransaction); reads nothing.
+bool keytable_wrote_last(KeyTable *kt, Datum scope, Datum key);
+
 // keytable_find_latest for the key this transaction wrote last, without the index: true with
 // that version in kt->found when it is still the newest one (the common claim-then-complete in
 // one transaction); false means "use keytable_find_latest".
