@@ -1,7 +1,7 @@
 #!/usr/bin/perl
 # bench/report.pl META RESULTS: the Markdown report of a bench/run run (standard output).
 # META: "name<TAB>value" lines. RESULTS: one line per measurement (bench/run writes them):
-#   tps     pass workload variant round tps transactions
+#   tps     pass workload variant round tps transactions wal_bytes_per_transaction
 #   hot     pass hot_key variant round claims transactions
 #   reap    on reap variant round keys_per_second ms
 #   size    - bytes_per_key variant - keys heap_bytes index_bytes total_bytes
@@ -26,7 +26,7 @@ open my $rf, '<', $res_file or die "$res_file: $!\n";
 while (<$rf>) {
 	chomp;
 	my @f = split /\t/;
-	if ($f[0] eq 'tps') { push @{ $tps{ $f[1] }{ $f[2] }{ $f[3] } }, [ $f[4], $f[5] ]; }
+	if ($f[0] eq 'tps') { push @{ $tps{ $f[1] }{ $f[2] }{ $f[3] } }, [ $f[4], $f[5], $f[7] // 'NA' ]; }
 	elsif ($f[0] eq 'hot') { push @{ $hot{ $f[1] }{ $f[3] } }, $f[6] ? $f[5] / $f[6] : 'NA'; }
 	elsif ($f[0] eq 'reap') { push @{ $reap{ $f[3] } }, [ $f[4], $f[5] ]; }
 	elsif ($f[0] eq 'size') { $size{ $f[3] } = { keys => $f[5], heap => $f[6], idx => $f[7], total => $f[8] }; }
@@ -43,10 +43,12 @@ my %label = (
 	insert => '(d) plain INSERT',
 	select => '(d) primary-key SELECT',
 	ref    => 'hand-written batched DELETE',
+	null   => 'floor: null cycle (no write)',
+	wal    => 'floor: WAL only (~650 bytes and the commit)',
 );
 my @workloads = (
 	[ claim_new => [qw(ext a b insert)] ],
-	[ cycle     => [qw(ext a c)] ],
+	[ cycle     => [qw(ext a c null wal)] ],
 	[ replay    => [qw(ext a select)] ],
 	[ hot_key   => [qw(ext a)] ],
 );
@@ -117,8 +119,8 @@ print "\n";
 for my $pass (@passes) {
 	next unless $tps{$pass};
 	print "## Throughput: $pass_title{$pass}\n\n";
-	print "| workload | variant | median tps | tps per round | extension / variant | per round | target | result |\n";
-	print "|---|---|---:|---|---:|---|---|---|\n";
+	print "| workload | variant | median tps | tps per round | extension / variant | per round | target | result | WAL bytes / transaction |\n";
+	print "|---|---|---:|---|---:|---|---|---|---:|\n";
 	for my $w (@workloads) {
 		my ($wl, $vars) = @$w;
 		my $ext = median(map { $_->[1] } @{ $tps{$pass}{$wl}{ext} // [] });
@@ -132,12 +134,13 @@ for my $pass (@passes) {
 				$t = $target{"$wl/$v"};
 				$summary{"$wl/$v"}{$pass} = $r;
 			}
-			printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", $wl, $label{$v}, fmt_num($med),
+			printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", $wl, $label{$v}, fmt_num($med),
 			  join(' ', map { fmt_num($_) } @sorted),
 			  $v eq 'ext' ? '' : fmt_ratio($r),
 			  $v eq 'ext' ? '' : round_ratios($tps{$pass}{$wl}{ext} // [], $runs),
 			  $v eq 'ext' ? '' : target_text($t),
-			  $v eq 'ext' ? '' : ($t ? verdict($r, $t) : 'info');
+			  $v eq 'ext' ? '' : ($t ? verdict($r, $t) : 'info'),
+			  fmt_num(median(map { $_->[2] } @$runs));
 		}
 	}
 	my @shares;
@@ -148,6 +151,16 @@ for my $pass (@passes) {
 	}
 	print "\nhot_key: share of the transactions that claimed a key (the others replayed it): ",
 	  join(', ', @shares), ".\n" if @shares;
+	# the floors bound what any implementation of the cycle can reach against (a) in this pass
+	my %cyc = map { $_ => median(map { $_->[1] } @{ $tps{$pass}{cycle}{$_} // [] }) } qw(ext a null wal);
+	if ($cyc{a} ne 'NA' && $cyc{wal} ne 'NA' && $cyc{null} ne 'NA') {
+		printf "\ncycle floors: a cycle that does nothing runs %s tps (%s times (a)); one that only writes and\n"
+		  . "commits about the extension's WAL runs %s tps (%s times (a)): no implementation that writes\n"
+		  . "that much WAL per cycle can exceed %s times (a) in this pass. The extension runs at %.0f%% of that floor.\n",
+		  fmt_num($cyc{null}), fmt_ratio(ratio($cyc{null}, $cyc{a})), fmt_num($cyc{wal}),
+		  fmt_ratio(ratio($cyc{wal}, $cyc{a})), fmt_ratio(ratio($cyc{wal}, $cyc{a})),
+		  100 * ratio($cyc{ext}, $cyc{wal});
+	}
 	print "\n";
 }
 

@@ -25,7 +25,8 @@ is($rc, 0, 'bench/run --quick --no-install exits 0')
 # every workload and variant has its row in both synchronous_commit passes
 my %variants = (
 	claim_new => [ 'extension', '(a) PL/pgSQL state machine', '(b) ON CONFLICT DO UPDATE', '(d) plain INSERT' ],
-	cycle     => [ 'extension', '(a) PL/pgSQL state machine', '(c) raw prepared SQL' ],
+	cycle     => [ 'extension', '(a) PL/pgSQL state machine', '(c) raw prepared SQL',
+	               'floor: null cycle (no write)', 'floor: WAL only (~650 bytes and the commit)' ],
 	replay    => [ 'extension', '(a) PL/pgSQL state machine', '(d) primary-key SELECT' ],
 	hot_key   => [ 'extension', '(a) PL/pgSQL state machine' ],
 );
@@ -35,6 +36,14 @@ for my $wl (sort keys %variants) {
 		is(scalar @rows, 2, "$wl / $v: a row with a median in each synchronous_commit pass");
 	}
 }
+# the WAL each run wrote, per transaction: the writing variants write, the null floor does not
+for my $pass (1, 2) {
+	my @ext = $out =~ /^\| cycle \| extension \|(?:[^|]*\|){6} ([0-9]+) \|$/mg;
+	ok(@ext == 2 && $ext[ $pass - 1 ] > 100, "cycle / extension: WAL bytes per transaction measured (pass $pass)");
+}
+my @null_wal = $out =~ /^\| cycle \| floor: null cycle \(no write\) \|(?:[^|]*\|){6} ([0-9]+) \|$/mg;
+is_deeply(\@null_wal, [ 0, 0 ], 'cycle / null floor: no WAL per transaction');
+like($out, qr/^cycle floors: .* runs [0-9]+ tps/m, 'the cycle floors are summarised');
 like($out, qr/^\| reap \| extension \| [0-9]+ \|/m, 'reap: extension row');
 like($out, qr/^\| reap \| hand-written batched DELETE \| [0-9]+ \|/m, 'reap: reference row');
 like($out, qr/^\| bytes_per_key \| idem_keys \(extension\) \| [0-9]+ \|/m, 'bytes_per_key: extension row');
