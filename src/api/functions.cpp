@@ -143,15 +143,15 @@ IDEM_SQL_FUNCTION(idem_claim)
 	bool isnull[8] = {false, false, false, false, false, false, false, false};
 	values[0] = ObjectIdGetDatum(type->outcome_label[(int) out.outcome]);
 	values[1] = BoolGetDatum(out.inserted);
-	values[2] = out.row.value[COL_ATTEMPT];
-	values[3] = out.row.value[COL_STATE];
-	values[4] = out.row.value[COL_RESPONSE];
-	isnull[4] = out.row.isnull[COL_RESPONSE];
-	values[5] = out.row.value[COL_RESPONSE_CODE];
-	isnull[5] = out.row.isnull[COL_RESPONSE_CODE];
+	values[2] = Int32GetDatum(out.attempt);
+	values[3] = out.state;
+	values[4] = out.response;
+	isnull[4] = out.response_null;
+	values[5] = Int32GetDatum(out.response_code);
+	isnull[5] = out.response_code_null;
 	values[6] = PointerGetDatum(out.retry_after);
 	isnull[6] = out.retry_after == nullptr;
-	values[7] = out.row.value[COL_EXPIRES_AT];
+	values[7] = TimestampTzGetDatum(out.expires_at);
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(type->desc, values, isnull)));
 }
 

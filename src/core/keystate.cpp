@@ -189,16 +189,20 @@ decide(const Catalog *c, const KeyRow *row, const ClaimInput *in, bool own, Time
 	return Step::takeover;
 }
 
-// The result must outlive the buffer or SPI memory the row was read from.
+// The result's columns of the row. The response is the only one by reference, and must outlive
+// the buffer or SPI memory the row was read from.
 static void
-copy_row(const Catalog *c, const KeyRow *row, ClaimOutput *out)
+set_result_row(const Catalog *c, const KeyRow *row, ClaimOutput *out)
 {
-	for (int col = 0; col < NUM_COLUMNS; col++)
-	{
-		out->row.isnull[col] = row->isnull[col];
-		out->row.value[col] = row->isnull[col] ? (Datum) 0
-		                                       : datumCopy(row->value[col], c->typbyval[col], c->typlen[col]);
-	}
+	out->attempt = DatumGetInt32(row->value[COL_ATTEMPT]);
+	out->state = row->value[COL_STATE];
+	out->response_null = row->isnull[COL_RESPONSE];
+	out->response = out->response_null ? (Datum) 0
+	                                   : datumCopy(row->value[COL_RESPONSE], c->typbyval[COL_RESPONSE],
+	                                               c->typlen[COL_RESPONSE]);
+	out->response_code_null = row->isnull[COL_RESPONSE_CODE];
+	out->response_code = out->response_code_null ? 0 : DatumGetInt32(row->value[COL_RESPONSE_CODE]);
+	out->expires_at = DatumGetTimestampTz(row->value[COL_EXPIRES_AT]);
 }
 
 static void
@@ -206,7 +210,7 @@ answer(const Catalog *c, Outcome outcome, bool inserted, const KeyRow *row, Clai
 {
 	out->outcome = outcome;
 	out->inserted = inserted;
-	copy_row(c, row, out);
+	set_result_row(c, row, out);
 	switch (outcome)
 	{
 		case Outcome::claimed:
@@ -238,7 +242,7 @@ answer_read(const Catalog *c, Step step, const KeyRow *row, TimestampTz now, Cla
 		// A re-entrant claim of a pending key: still this transaction's claim, neither new nor taken over.
 		out->outcome = Outcome::claimed;
 		out->inserted = false;
-		copy_row(c, row, out);
+		set_result_row(c, row, out);
 	}
 	else
 		answer(c, Outcome::replay, false, row, out);

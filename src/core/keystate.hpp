@@ -25,11 +25,18 @@ struct ClaimInput
 	const Interval *lease;    // nullptr: idempotency.default_lease
 };
 
+// idem_claim_result, from the key's row after the claim.
 struct ClaimOutput
 {
 	Outcome outcome;
 	bool inserted;
-	KeyRow row;               // the key's row after the claim; by-reference values are copies
+	int32 attempt;
+	Datum state;              // idem_state label
+	bool response_null;
+	Datum response;           // jsonb, a copy: it outlives the buffer it was read from
+	bool response_code_null;
+	int32 response_code;
+	TimestampTz expires_at;
 	Interval *retry_after;    // in_progress only
 };
 
