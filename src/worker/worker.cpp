@@ -94,6 +94,39 @@ naptime_ms()
 	return static_cast<long>(setting_reaper_naptime_s) * 1000L;
 }
 
+// The loop of both workers: at every wake-up (latch, SIGHUP, timeout) `on_wake`, which may exit;
+// at once and then every naptime, measured from the end of the last one, `work`.
+template <typename OnWake, typename Work>
+static void
+naptime_loop(OnWake on_wake, Work work)
+{
+	TimestampTz last_work = 0;
+	bool worked = false;
+	for (;;)
+	{
+		if (ProcDiePending)
+			proc_exit(0);
+		CHECK_FOR_INTERRUPTS();
+		reload_settings_if_asked();
+		on_wake();
+
+		TimestampTz now = GetCurrentTimestamp();
+		long wait = naptime_ms();
+		if (!worked || TimestampDifferenceExceeds(last_work, now, static_cast<int>(wait)))
+		{
+			work();
+			last_work = GetCurrentTimestamp();
+			worked = true;
+		}
+		else
+			wait -= TimestampDifferenceMilliseconds(last_work, now);
+
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, Max(wait, 1L),
+		                 PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+	}
+}
+
 // ---------------------------------------------------------------------------------------------
 // Launcher
 
@@ -229,31 +262,11 @@ launcher_loop()
 {
 	MemoryContext scratch =
 	    AllocSetContextCreate(TopMemoryContext, "idempotency launcher", ALLOCSET_DEFAULT_SIZES);
-	TimestampTz last_scan = 0;
-	bool scanned = false;
-	for (;;)
-	{
-		if (ProcDiePending)
-			proc_exit(0);
-		CHECK_FOR_INTERRUPTS();
-		reload_settings_if_asked();
-
-		TimestampTz now = GetCurrentTimestamp();
-		long wait = naptime_ms();
-		if (!scanned || TimestampDifferenceExceeds(last_scan, now, static_cast<int>(wait)))
-		{
-			if (setting_reaper_enabled)
-				launch_reapers(scratch);
-			last_scan = now;
-			scanned = true;
-		}
-		else
-			wait -= TimestampDifferenceMilliseconds(last_scan, now);
-
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, Max(wait, 1L),
-		                 PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
-	}
+	naptime_loop([] {},
+	             [&] {
+		             if (setting_reaper_enabled)
+			             launch_reapers(scratch);
+	             });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -307,42 +320,24 @@ reap_pass()
 static void
 reaper_loop()
 {
-	TimestampTz last_pass = 0;
-	bool passed = false;
-	for (;;)
-	{
-		if (ProcDiePending)
-			proc_exit(0);
-		CHECK_FOR_INTERRUPTS();
-		reload_settings_if_asked();
-		if (!setting_reaper_enabled || !database_selected(my_datname))
-		{
-			ereport(DEBUG1, (errmsg("idempotency reaper for database \"%s\": disabled by the settings, exiting",
-			                        my_datname)));
-			proc_exit(0);
-		}
-
-		TimestampTz now = GetCurrentTimestamp();
-		long wait = naptime_ms();
-		if (!passed || TimestampDifferenceExceeds(last_pass, now, static_cast<int>(wait)))
-		{
-			if (!reap_pass())
-			{
-				ereport(DEBUG1, (errmsg("idempotency reaper: extension \"idempotency\" is not installed in "
-				                        "database \"%s\", exiting",
-				                        my_datname)));
-				proc_exit(0);
-			}
-			last_pass = GetCurrentTimestamp();
-			passed = true;
-		}
-		else
-			wait -= TimestampDifferenceMilliseconds(last_pass, now);
-
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, Max(wait, 1L),
-		                 PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
-	}
+	naptime_loop(
+	    [] {
+		    if (!setting_reaper_enabled || !database_selected(my_datname))
+		    {
+			    ereport(DEBUG1, (errmsg("idempotency reaper for database \"%s\": disabled by the settings, exiting",
+			                            my_datname)));
+			    proc_exit(0);
+		    }
+	    },
+	    [] {
+		    if (!reap_pass())
+		    {
+			    ereport(DEBUG1, (errmsg("idempotency reaper: extension \"idempotency\" is not installed in "
+			                            "database \"%s\", exiting",
+			                            my_datname)));
+			    proc_exit(0);
+		    }
+	    });
 }
 
 static void
