@@ -4,32 +4,9 @@
 -- Keys of this file live in scope 'cf'.
 --
 \pset null '(null)'
--- expect_error(sql): runs sql and reports its outcome as a NOTICE: "SQLSTATE: message" (with the
--- error's DETAIL and HINT), or "no error".  The statement runs in a subtransaction.
-CREATE PROCEDURE pg_temp.expect_error(sql text)
-LANGUAGE plpgsql AS $proc$
-DECLARE
-    code text;
-    msg  text;
-    det  text;
-    hnt  text;
-BEGIN
-    EXECUTE sql;
-    RAISE NOTICE 'no error';
-EXCEPTION WHEN OTHERS THEN
-    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
-                            det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
-    IF det <> '' AND hnt <> '' THEN
-        RAISE NOTICE '%: %', code, msg USING DETAIL = det, HINT = hnt;
-    ELSIF det <> '' THEN
-        RAISE NOTICE '%: %', code, msg USING DETAIL = det;
-    ELSIF hnt <> '' THEN
-        RAISE NOTICE '%: %', code, msg USING HINT = hnt;
-    ELSE
-        RAISE NOTICE '%: %', code, msg;
-    END IF;
-END
-$proc$;
+\getenv abs_srcdir PG_ABS_SRCDIR
+\set expect_error :abs_srcdir '/sql/expect_error.psql'
+\i :expect_error
 
 -- 1. complete: pending -> succeeded; response and code stored, completed_at = clock, lease
 -- ended (locked_until NULL), retryable NULL; returns the whole row, as stored.

@@ -5,32 +5,9 @@
 -- Keys of this file: scope 'in', or keys 'in-%' in other scopes.
 --
 \pset null '(null)'
--- expect_error(sql): runs sql and reports its outcome as a NOTICE: "SQLSTATE: message" (with the
--- error's DETAIL and HINT), or "no error".  The statement runs in a subtransaction.
-CREATE PROCEDURE pg_temp.expect_error(sql text)
-LANGUAGE plpgsql AS $proc$
-DECLARE
-    code text;
-    msg  text;
-    det  text;
-    hnt  text;
-BEGIN
-    EXECUTE sql;
-    RAISE NOTICE 'no error';
-EXCEPTION WHEN OTHERS THEN
-    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
-                            det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
-    IF det <> '' AND hnt <> '' THEN
-        RAISE NOTICE '%: %', code, msg USING DETAIL = det, HINT = hnt;
-    ELSIF det <> '' THEN
-        RAISE NOTICE '%: %', code, msg USING DETAIL = det;
-    ELSIF hnt <> '' THEN
-        RAISE NOTICE '%: %', code, msg USING HINT = hnt;
-    ELSE
-        RAISE NOTICE '%: %', code, msg;
-    END IF;
-END
-$proc$;
+\getenv abs_srcdir PG_ABS_SRCDIR
+\set expect_error :abs_srcdir '/sql/expect_error.psql'
+\i :expect_error
 CREATE TEMP VIEW in_keys AS
 SELECT * FROM idem_keys WHERE scope = 'in' OR key LIKE 'in-%';
 
@@ -211,32 +188,9 @@ CREATE DATABASE regress_idem_utf8 TEMPLATE template0 ENCODING 'UTF8' LOCALE 'C';
 \c regress_idem_utf8
 \pset null '(null)'
 CREATE EXTENSION idempotency;
--- expect_error(sql): runs sql and reports its outcome as a NOTICE: "SQLSTATE: message" (with the
--- error's DETAIL and HINT), or "no error".  The statement runs in a subtransaction.
-CREATE PROCEDURE pg_temp.expect_error(sql text)
-LANGUAGE plpgsql AS $proc$
-DECLARE
-    code text;
-    msg  text;
-    det  text;
-    hnt  text;
-BEGIN
-    EXECUTE sql;
-    RAISE NOTICE 'no error';
-EXCEPTION WHEN OTHERS THEN
-    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
-                            det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
-    IF det <> '' AND hnt <> '' THEN
-        RAISE NOTICE '%: %', code, msg USING DETAIL = det, HINT = hnt;
-    ELSIF det <> '' THEN
-        RAISE NOTICE '%: %', code, msg USING DETAIL = det;
-    ELSIF hnt <> '' THEN
-        RAISE NOTICE '%: %', code, msg USING HINT = hnt;
-    ELSE
-        RAISE NOTICE '%: %', code, msg;
-    END IF;
-END
-$proc$;
+\getenv abs_srcdir PG_ABS_SRCDIR
+\set expect_error :abs_srcdir '/sql/expect_error.psql'
+\i :expect_error
 -- 127 two-byte characters = 254 bytes: accepted; 128 = 256 bytes: 22023 (128 characters only)
 SELECT outcome, inserted FROM idem_claim('in-utf8-1', NULL, repeat(U&'\00E9', 127));
 CALL pg_temp.expect_error($$SELECT idem_claim('in-utf8-1', NULL, repeat(U&'\00E9', 128))$$);

@@ -9,19 +9,9 @@
 -- These must be refused with 22023, as '1 month -30 days' is.
 --
 \pset null '(null)'
-CREATE PROCEDURE pg_temp.expect_error(sql text)
-LANGUAGE plpgsql AS $proc$
-DECLARE
-    code text;
-    msg  text;
-BEGIN
-    EXECUTE sql;
-    RAISE NOTICE 'no error';
-EXCEPTION WHEN OTHERS THEN
-    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
-    RAISE NOTICE '%: %', code, msg;
-END
-$proc$;
+\getenv abs_srcdir PG_ABS_SRCDIR
+\set expect_error :abs_srcdir '/sql/expect_error.psql'
+\i :expect_error
 
 -- positive as PostgreSQL compares them, backwards on the calendar whatever the date
 SELECT i AS "interval", i > interval '0' AS compares_positive,
