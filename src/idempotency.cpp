@@ -1,5 +1,6 @@
 // Module entry: the library's magic block and its load-time setup.
 #include "access/catalog.hpp"
+#include "access/keytable.hpp"
 #include "common/pg.hpp"
 #include "common/settings.hpp"
 #include "stats/stats.hpp"
@@ -18,6 +19,7 @@ _PG_init(void)
 		return;
 	idem::define_settings();
 	idem::catalog_register_invalidation();
+	idem::keytable_register_callbacks();
 	// Shared memory (idem_stats) and the background reaper exist only when preloaded.
 	if (process_shared_preload_libraries_in_progress)
 	{

@@ -203,15 +203,15 @@ forget_written(SubXactEvent event, SubTransactionId, SubTransactionId, void *)
 		own_last.relid = InvalidOid;
 }
 
+void
+keytable_register_callbacks()
+{
+	RegisterSubXactCallback(forget_written, nullptr);
+}
+
 static void
 remember_written(KeyTable *kt, Datum scope, Datum key)
 {
-	static bool callback_registered = false;
-	if (!callback_registered)
-	{
-		RegisterSubXactCallback(forget_written, nullptr);
-		callback_registered = true;
-	}
 	text *s = DatumGetTextPP(scope);
 	text *k = DatumGetTextPP(key);
 	int slen = VARSIZE_ANY_EXHDR(s), klen = VARSIZE_ANY_EXHDR(k);

@@ -48,6 +48,9 @@ void keytable_close(KeyTable *kt);
 // inserting, updating or deleting it, then looking again. True with the version in kt->found.
 bool keytable_find_latest(KeyTable *kt, Datum scope, Datum key);
 
+// At load time: forget the row version this backend wrote last when its subtransaction aborts.
+void keytable_register_callbacks();
+
 // Whether the key is the one this transaction wrote last (in this backend, not rolled back with a
 // subtransaction); reads nothing.
 bool keytable_wrote_last(KeyTable *kt, Datum scope, Datum key);
