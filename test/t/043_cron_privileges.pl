@@ -8,20 +8,13 @@
 # pg_cron 1.4 runs jobs at minute boundaries: this waits for one.
 use strict;
 use warnings;
-use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use IdemCronNode;
 
-my $node = PostgreSQL::Test::Cluster->new('cron_privileges');
-$node->init;
-$node->append_conf('postgresql.conf', q{
-shared_preload_libraries = 'pg_cron,idempotency'
-cron.database_name = 'postgres'
-cron.use_background_workers = on
-max_worker_processes = 20
-idempotency.reaper_enabled = off
-});
-$node->start;
+my $node = start_cron_node('cron_privileges');
 
 sub sql { my ($db, $q) = @_; return $node->safe_psql($db, $q); }
 sub as
