@@ -103,6 +103,14 @@ void keytable_expiry_begin(KeyTable *kt, ExpiryScan *es, TimestampTz until, Snap
 bool keytable_expiry_next(KeyTable *kt, ExpiryScan *es);
 void keytable_expiry_end(ExpiryScan *es);
 
+// Summarizes the complete block ranges at the end of the table that the BRIN index of expires_at
+// does not summarize yet, so that the expiry scan skips them until their keys expire. Cost: one
+// index lookup when there is nothing to do, else the new ranges only. Takes the table's
+// ShareUpdateExclusiveLock for the summarizing only, and only when it is free at once (a vacuum
+// holding it summarizes them itself); claims (RowExclusiveLock) are never blocked by it. Returns
+// the ranges summarized.
+int keytable_summarize_new_ranges(KeyTable *kt);
+
 // The version in kt->found, or the tuple last written, as a composite datum of idem_keys' row type.
 Datum keytable_found_datum(KeyTable *kt);
 Datum keytable_written_datum(KeyTable *kt);

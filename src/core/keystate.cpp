@@ -414,6 +414,9 @@ static int64
 reap_direct(KeyTable *kt, int32 max_rows)
 {
 	TimestampTz now = clock_now();
+	// Autosummarization is off (its request queue overflows at high claim rates): reaping keeps
+	// the summaries current, before the scan that relies on them.
+	(void) keytable_summarize_new_ranges(kt);
 	Snapshot snapshot = RegisterSnapshot(GetTransactionSnapshot());
 	ExpiryScan scan;
 	keytable_expiry_begin(kt, &scan, now, snapshot);
