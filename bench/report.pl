@@ -133,7 +133,8 @@ print "\n";
 # "CPU 5.1, LWLock:WALWrite 1.2" (average number of active backends in each).
 sub wait_summary {
 	my ($w) = @_;
-	return 'n/a' unless $w && $w->{events};
+	# no line recorded: the sampler never saw a backend of the run active
+	return 'none sampled' unless $w && $w->{events};
 	my $rounds = scalar keys %{ $w->{rounds} };
 	my $ev = $w->{events};
 	my @top = sort { $ev->{$b} <=> $ev->{$a} || $a cmp $b } keys %$ev;

@@ -1,6 +1,7 @@
 # Smoke test of the benchmark suite (bench/run, issue 4; docs/benchmarks.md): a --quick run
-# (its own throwaway cluster, every workload once, small data sets, 1 s per pgbench run) exits 0,
-# prints a table row for every workload and variant, the targets table, and no ERROR.
+# (its own throwaway cluster, every workload once, small data sets, 2 s per pgbench run) exits 0,
+# prints a table row for every workload and variant, their wait events, the targets table, and no
+# ERROR.
 # It proves that the suite works; it asserts nothing about speed.
 # The extension is installed already (scripts/test runs `make install` first): --no-install.
 use strict;
@@ -50,6 +51,16 @@ like($out, qr/^\| bytes_per_key \| idem_keys \(extension\) \| [0-9]+ \|/m, 'byte
 like($out, qr/^\| bytes_per_key \| ref\.keys_a \(reference\) \| [0-9]+ \|/m, 'bytes_per_key: reference row');
 like($out, qr/^\| memory \| memory contexts \|/m, 'memory: memory contexts row');
 like($out, qr/^\| memory \| RssAnon \|/m, 'memory: RssAnon row');
+
+# wait events sampled during every pgbench run, summarised under each throughput table
+my @wait_tables = $out =~ /^Wait events \(average active backends/mg;
+is(scalar @wait_tables, 2, 'a wait-event summary under each throughput table');
+for my $wl (sort keys %variants) {
+	for my $v (@{ $variants{$wl} }) {
+		my @rows = $out =~ /^\| \Q$wl\E \| \Q$v\E \| ((?:[A-Za-z]+(?::\w+)? [0-9.]+(?:, )?)+|none sampled) \|$/mg;
+		is(scalar @rows, 2, "$wl / $v: its wait events in each synchronous_commit pass");
+	}
+}
 
 # the targets table names every target of issue 4 with a ratio and a verdict (whichever it is)
 my @verdicts = $out =~ /^\| [^|]+ \| (?:≥|≤|<) [0-9.]+(?: MB)? \| [0-9.]+(?: MB)? \| (?:PASS|FAIL) \|/mg;
