@@ -116,9 +116,9 @@ printf "- machine: %s\n", $meta{machine};
 printf "- PostgreSQL: %s\n", $meta{postgres};
 printf "- extension: commit %s\n", $meta{commit};
 printf "- runs: %s round(s), interleaved (the order of the variants rotates each round); "
-  . "%s s per pgbench run, `-M prepared`, %s clients (`-j %s`), hot_key %s; "
+  . "%s per pgbench run, `-M prepared`, %s clients (`-j %s`), hot_key %s; "
   . "medians over the rounds; wait events sampled from pg_stat_activity every 50 ms\n",
-  $meta{rounds}, $meta{duration}, join(', ', @client_counts), $meta{jobs},
+  $meta{rounds}, $meta{run_length} // "$meta{duration} s", join(', ', @client_counts), $meta{jobs},
   $meta{hot_clients} eq 'same' ? 'the same' : "$meta{hot_clients} clients";
 printf "- cluster: bench/run's own (unix socket), fsync on, shared_buffers %s, "
   . "idempotency.reaper_enabled off, a CHECKPOINT before every run, each table emptied before "

@@ -1,7 +1,7 @@
 # Smoke test of the benchmark suite (bench/run, issue 4; docs/benchmarks.md): a --quick run
-# (its own throwaway cluster, every workload once, small data sets, 2 s per pgbench run) exits 0,
-# prints a table row for every workload and variant, their wait events, the targets table, and no
-# ERROR.
+# (its own throwaway cluster, every workload once, small data sets, 100 transactions per client
+# and run) exits 0, prints a table row for every workload and variant, their wait events, the
+# targets table, and no ERROR.
 # It proves that the suite works; it asserts nothing about speed.
 # The extension is installed already (scripts/test runs `make install` first): --no-install.
 use strict;
