@@ -59,7 +59,7 @@ $live->query_safe(q{SELECT idem_claim('live-2')});
 is(stats('postgres'), '1,0,0,0', 'counting resumes from the reset');
 $live->quit;
 $node->poll_query_until('postgres',
-	"SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = '051_stats_backends.pl' AND pid <> pg_backend_pid()");
+	"SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = '053_stats_backends.pl' AND pid <> pg_backend_pid()");
 is(stats('postgres'), '1,0,0,0', 'the count stays after its backend exits, without double counting');
 
 $node->stop;
