@@ -38,12 +38,16 @@ for my $wl (sort keys %variants) {
 	}
 }
 # the WAL each run wrote, per transaction: the writing variants write, the null floor does not
-for my $pass (1, 2) {
-	my @ext = $out =~ /^\| cycle \| extension \|(?:[^|]*\|){6} ([0-9]+) \|$/mg;
-	ok(@ext == 2 && $ext[ $pass - 1 ] > 100, "cycle / extension: WAL bytes per transaction measured (pass $pass)");
-}
+# (what it shows is the cluster's background, e.g. autovacuum, spread over --quick's few
+# transactions: well under a quarter of the extension's cycle)
+my @ext = $out =~ /^\| cycle \| extension \|(?:[^|]*\|){6} ([0-9]+) \|$/mg;
 my @null_wal = $out =~ /^\| cycle \| floor: null cycle \(no write\) \|(?:[^|]*\|){6} ([0-9]+) \|$/mg;
-is_deeply(\@null_wal, [ 0, 0 ], 'cycle / null floor: no WAL per transaction');
+for my $pass (1, 2) {
+	ok(@ext == 2 && $ext[ $pass - 1 ] > 100, "cycle / extension: WAL bytes per transaction measured (pass $pass)");
+	ok(@ext == 2 && @null_wal == 2 && $null_wal[ $pass - 1 ] < $ext[ $pass - 1 ] / 4,
+		"cycle / null floor: no WAL of its own per transaction (pass $pass: "
+		  . ($null_wal[ $pass - 1 ] // 'none') . ' bytes)');
+}
 like($out, qr/^cycle floors: .* runs [0-9]+ tps/m, 'the cycle floors are summarised');
 like($out, qr/^\| reap \| extension \| [0-9]+ \|/m, 'reap: extension row');
 like($out, qr/^\| reap \| hand-written batched DELETE \| [0-9]+ \|/m, 'reap: reference row');
