@@ -5,9 +5,9 @@
 -- Every reference table has the columns of idem_keys (SPEC §1) and a design a careful author would
 -- choose: text primary key (scope, key) in the "C" collation (keys are ASCII; byte order makes the
 -- comparisons memcmp, as idem_keys does), state as text with a CHECK, the fingerprint as bytea
--- (SHA-256 via PostgreSQL 15's built-in sha256(), no pgcrypto), an index on expires_at for cleanup.
--- Storage parameters: PostgreSQL's defaults (fillfactor 100: completing a key right after its
--- claim is a HOT update anyway; see docs/benchmarks.md).
+-- (SHA-256 via PostgreSQL 15's built-in sha256(), no pgcrypto). Indexes and storage parameters are
+-- idem_keys' own, copied from it below: the same primary key, the same BRIN on expires_at with the
+-- same options, the same autovacuum settings, so that a ratio compares the code, not the indexes.
 --
 -- The functions compute what the extension computes (same fingerprint, same states, same clock:
 -- clock_timestamp()). They do NOT validate keys and scopes (length, printable ASCII), which the
@@ -20,8 +20,10 @@
 --   (b) ref.claim_b: one INSERT ... ON CONFLICT (scope, key) DO UPDATE ... WHERE <takeover>
 --       RETURNING xmax = 0; when it returns nothing, a SELECT tells replay from in_progress.
 --   (c) raw prepared statements, no functions: in the pgbench scripts (bench/workloads/*_c.sql).
---   (d) physical limits: a plain INSERT of the same row (bench/workloads/claim_insert.sql) and a
---       plain primary-key SELECT of the same row (bench/workloads/replay_select.sql).
+--   (d) physical limits: a plain INSERT of the same row into ref.keys_plain, a copy of idem_keys
+--       (columns, types, indexes, storage parameters: bench/workloads/claim_insert.sql), and a
+--       plain primary-key SELECT of the same row of idem_keys itself
+--       (bench/workloads/replay_select.sql).
 --   ref.reap_all: the hand-written batched DELETE ... USING (SELECT ctid ... FOR UPDATE SKIP
 --       LOCKED) loop, committing after each batch, to compare with CALL idem_reap_all().
 
@@ -54,17 +56,40 @@ CREATE TABLE ref.keys_a (
     expires_at    timestamptz NOT NULL,
     PRIMARY KEY (scope, key)
 );
-CREATE INDEX ON ref.keys_a (expires_at);
 
 -- The same design, one table per use, so that workloads never share rows:
 --   keys_b     reference (b)
 --   keys_c     reference (c), raw prepared statements
---   keys_plain reference (d), plain INSERT
 --   keys_reap  the hand-written reaper
+-- and the limit's table, idem_keys' own shape:
+--   keys_plain reference (d), plain INSERT
 CREATE TABLE ref.keys_b     (LIKE ref.keys_a INCLUDING ALL);
 CREATE TABLE ref.keys_c     (LIKE ref.keys_a INCLUDING ALL);
-CREATE TABLE ref.keys_plain (LIKE ref.keys_a INCLUDING ALL);
 CREATE TABLE ref.keys_reap  (LIKE ref.keys_a INCLUDING ALL);
+CREATE TABLE ref.keys_plain (LIKE idem_keys INCLUDING ALL);
+
+-- idem_keys' storage parameters on every table, and its index on expires_at (access method and
+-- options, whatever the installed version has) on those that do not copy it.
+DO $$
+DECLARE
+    table_options text := (SELECT array_to_string(reloptions, ', ') FROM pg_class
+                            WHERE oid = 'idem_keys'::regclass);
+    expiry_index  text := (SELECT pg_get_indexdef(i.indexrelid) FROM pg_index i
+                            WHERE i.indrelid = 'idem_keys'::regclass AND NOT i.indisprimary);
+    t             text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['keys_a', 'keys_b', 'keys_c', 'keys_reap', 'keys_plain'] LOOP
+        IF table_options IS NOT NULL THEN
+            EXECUTE format('ALTER TABLE ref.%I SET (%s)', t, table_options);
+        END IF;
+        IF t <> 'keys_plain' THEN
+            -- "CREATE INDEX idem_keys_expires_at_idx ON public.idem_keys USING brin (...) ..."
+            EXECUTE regexp_replace(expiry_index, '^CREATE INDEX \S+ ON \S+',
+                                   format('CREATE INDEX ON ref.%I', t));
+        END IF;
+    END LOOP;
+END
+$$;
 
 -- The request fingerprint, as SPEC §3 defines it: SHA-256 of the scope, a 0x00 byte and the
 -- canonical text of the jsonb. (Inlined by hand in the functions below: a call would cost more.)

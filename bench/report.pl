@@ -1,8 +1,9 @@
 #!/usr/bin/perl
 # bench/report.pl META RESULTS: the Markdown report of a bench/run run (standard output).
 # META: "name<TAB>value" lines. RESULTS: one line per measurement (bench/run writes them):
-#   tps     pass workload variant round tps transactions wal_bytes_per_transaction
-#   hot     pass hot_key variant round claims transactions
+#   tps     pass workload variant round tps transactions wal_bytes_per_transaction clients
+#   hot     pass hot_key variant round claims transactions clients
+#   wait    pass workload variant round clients event average_backends
 #   reap    on reap variant round keys_per_second ms
 #   size    - bytes_per_key variant - keys heap_bytes index_bytes total_bytes
 #   memory  - memory ext - claims context_before context_after rss_anon_kb_before rss_anon_kb_after
@@ -21,13 +22,22 @@ open my $mf, '<', $meta_file or die "$meta_file: $!\n";
 while (<$mf>) { chomp; my ($k, $v) = split /\t/, $_, 2; $meta{$k} = $v; }
 close $mf;
 
-my (%tps, %hot, %reap, %size, %sizeidx, @memory);
+my (%tps, %hot, %waits, %reap, %size, %sizeidx, @memory, %seen_clients);
 open my $rf, '<', $res_file or die "$res_file: $!\n";
 while (<$rf>) {
 	chomp;
 	my @f = split /\t/;
-	if ($f[0] eq 'tps') { push @{ $tps{ $f[1] }{ $f[2] }{ $f[3] } }, [ $f[4], $f[5], $f[7] // 'NA' ]; }
-	elsif ($f[0] eq 'hot') { push @{ $hot{ $f[1] }{ $f[3] } }, $f[6] ? $f[5] / $f[6] : 'NA'; }
+	if ($f[0] eq 'tps') {
+		my $c = $f[8] // $meta{clients};
+		$seen_clients{$c} = 1;
+		push @{ $tps{ $f[1] }{$c}{ $f[2] }{ $f[3] } }, [ $f[4], $f[5], $f[7] // 'NA' ];
+	}
+	elsif ($f[0] eq 'hot') { push @{ $hot{ $f[1] }{ $f[7] // $meta{clients} }{ $f[3] } }, $f[6] ? $f[5] / $f[6] : 'NA'; }
+	elsif ($f[0] eq 'wait') {
+		# summed over the rounds; divided by the rounds when printed
+		$waits{ $f[1] }{ $f[5] }{ $f[2] }{ $f[3] }{events}{ $f[6] } += $f[7];
+		$waits{ $f[1] }{ $f[5] }{ $f[2] }{ $f[3] }{rounds}{ $f[4] } = 1;
+	}
 	elsif ($f[0] eq 'reap') { push @{ $reap{ $f[3] } }, [ $f[4], $f[5] ]; }
 	elsif ($f[0] eq 'size') { $size{ $f[3] } = { keys => $f[5], heap => $f[6], idx => $f[7], total => $f[8] }; }
 	elsif ($f[0] eq 'sizeidx') { push @{ $sizeidx{ $f[3] } }, [ $f[5], $f[6] ]; }
@@ -90,11 +100,13 @@ sub round_ratios {
 sub mib { return sprintf('%.2f MB', $_[0] / 1048576); }
 
 my @passes = split ' ', ($meta{passes} // 'on off');
+my @client_counts = sort { $a <=> $b } keys %seen_clients;
+my $sweep = @client_counts > 1;
 my %pass_title = (
 	on  => 'synchronous_commit = on (default durability)',
 	off => 'synchronous_commit = off (CPU cost shows)',
 );
-# summary rows: [measure, target, on-ratio, off-ratio]
+# ratios: $summary{measure}{pass}{clients} (clients '' for the measures that have no count)
 my %summary;
 
 print "# idempotency benchmark results\n\n";
@@ -104,9 +116,10 @@ printf "- machine: %s\n", $meta{machine};
 printf "- PostgreSQL: %s\n", $meta{postgres};
 printf "- extension: commit %s\n", $meta{commit};
 printf "- runs: %s round(s), interleaved (the order of the variants rotates each round); "
-  . "%s s per pgbench run, `-M prepared`, %s clients (`-c %s -j %s`), hot_key %s clients; "
-  . "medians over the rounds\n",
-  $meta{rounds}, $meta{duration}, $meta{clients}, $meta{clients}, $meta{jobs}, $meta{hot_clients};
+  . "%s per pgbench run, `-M prepared`, %s clients (`-j %s`), hot_key %s; "
+  . "medians over the rounds; wait events sampled from pg_stat_activity every 50 ms\n",
+  $meta{rounds}, $meta{run_length} // "$meta{duration} s", join(', ', @client_counts), $meta{jobs},
+  $meta{hot_clients} eq 'same' ? 'the same' : "$meta{hot_clients} clients";
 printf "- cluster: bench/run's own (unix socket), fsync on, shared_buffers %s, "
   . "idempotency.reaper_enabled off, a CHECKPOINT before every run, each table emptied before "
   . "each of its runs (replay: %s preloaded keys)\n",
@@ -116,28 +129,45 @@ printf "- elapsed: %d min %02d s%s\n", int($meta{elapsed} / 60), $meta{elapsed} 
 print "\n";
 
 # ---- throughput, one table per pass
+# The wait events of one run (averaged over its rounds): the busiest first, as
+# "CPU 5.1, LWLock:WALWrite 1.2" (average number of active backends in each).
+sub wait_summary {
+	my ($w) = @_;
+	# no line recorded: the sampler never saw a backend of the run active
+	return 'none sampled' unless $w && $w->{events};
+	my $rounds = scalar keys %{ $w->{rounds} };
+	my $ev = $w->{events};
+	my @top = sort { $ev->{$b} <=> $ev->{$a} || $a cmp $b } keys %$ev;
+	splice(@top, 5) if @top > 5;
+	return join(', ', map { sprintf('%s %.1f', $_, $ev->{$_} / $rounds) } @top);
+}
+
 for my $pass (@passes) {
-	next unless $tps{$pass};
-	print "## Throughput: $pass_title{$pass}\n\n";
+for my $clients (@client_counts) {
+	next unless $tps{$pass}{$clients};
+	my %tps_p = %{ $tps{$pass}{$clients} };
+	my $hot_clients = $meta{hot_clients} eq 'same' ? $clients : $meta{hot_clients};
+	print "## Throughput: $pass_title{$pass}, $clients clients",
+	  ($hot_clients eq $clients ? '' : " (hot_key $hot_clients)"), "\n\n";
 	print "| workload | variant | median tps | tps per round | extension / variant | per round | target | result | WAL bytes / transaction |\n";
 	print "|---|---|---:|---|---:|---|---|---|---:|\n";
 	for my $w (@workloads) {
 		my ($wl, $vars) = @$w;
-		my $ext = median(map { $_->[1] } @{ $tps{$pass}{$wl}{ext} // [] });
+		my $ext = median(map { $_->[1] } @{ $tps_p{$wl}{ext} // [] });
 		for my $v (@$vars) {
-			my $runs = $tps{$pass}{$wl}{$v} // [];
+			my $runs = $tps_p{$wl}{$v} // [];
 			my @sorted = map { $_->[1] } sort { $a->[0] <=> $b->[0] } @$runs;
 			my $med = median(@sorted);
 			my ($r, $t) = ('', undef);
 			if ($v ne 'ext') {
 				$r = ratio($ext, $med);
 				$t = $target{"$wl/$v"};
-				$summary{"$wl/$v"}{$pass} = $r;
+				$summary{"$wl/$v"}{$pass}{$clients} = $r;
 			}
 			printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", $wl, $label{$v}, fmt_num($med),
 			  join(' ', map { fmt_num($_) } @sorted),
 			  $v eq 'ext' ? '' : fmt_ratio($r),
-			  $v eq 'ext' ? '' : round_ratios($tps{$pass}{$wl}{ext} // [], $runs),
+			  $v eq 'ext' ? '' : round_ratios($tps_p{$wl}{ext} // [], $runs),
 			  $v eq 'ext' ? '' : target_text($t),
 			  $v eq 'ext' ? '' : ($t ? verdict($r, $t) : 'info'),
 			  fmt_num(median(map { $_->[2] } @$runs));
@@ -145,14 +175,14 @@ for my $pass (@passes) {
 	}
 	my @shares;
 	for my $v (qw(ext a)) {
-		next unless $hot{$pass}{$v};
-		my $share = median(@{ $hot{$pass}{$v} });
+		next unless $hot{$pass}{$clients}{$v};
+		my $share = median(@{ $hot{$pass}{$clients}{$v} });
 		push @shares, sprintf('%s %.0f%%', $label{$v}, 100 * $share) unless $share eq 'NA';
 	}
 	print "\nhot_key: share of the transactions that claimed a key (the others replayed it): ",
 	  join(', ', @shares), ".\n" if @shares;
 	# the floors bound what any implementation of the cycle can reach against (a) in this pass
-	my %cyc = map { $_ => median(map { $_->[1] } @{ $tps{$pass}{cycle}{$_} // [] }) } qw(ext a null wal);
+	my %cyc = map { $_ => median(map { $_->[1] } @{ $tps_p{cycle}{$_} // [] }) } qw(ext a null wal);
 	if ($cyc{a} ne 'NA' && $cyc{wal} ne 'NA' && $cyc{null} ne 'NA') {
 		printf "\ncycle floors: a cycle that does nothing runs %s tps (%s times (a)); one that only writes and\n"
 		  . "commits about the extension's WAL runs %s tps (%s times (a)): no implementation that writes\n"
@@ -161,7 +191,38 @@ for my $pass (@passes) {
 		  fmt_ratio(ratio($cyc{wal}, $cyc{a})), fmt_ratio(ratio($cyc{wal}, $cyc{a})),
 		  100 * ratio($cyc{ext}, $cyc{wal});
 	}
+	if ($waits{$pass}{$clients}) {
+		print "\nWait events (average active backends per event over the run; CPU: waiting for nothing):\n\n";
+		print "| workload | variant | wait events |\n|---|---|---|\n";
+		for my $w (@workloads) {
+			my ($wl, $vars) = @$w;
+			printf "| %s | %s | %s |\n", $wl, $label{$_}, wait_summary($waits{$pass}{$clients}{$wl}{$_})
+			  for grep { $tps_p{$wl}{$_} } @$vars;
+		}
+	}
 	print "\n";
+}
+}
+
+# ---- the sweep: every throughput ratio at every client count
+if ($sweep) {
+	for my $pass (grep { $tps{$_} } @passes) {
+		print "## Ratios by client count: $pass_title{$pass}\n\n";
+		print "| extension / variant |", join('', map { " $_ clients |" } @client_counts), " target |\n";
+		print "|---|", join('', map { "---:|" } @client_counts), "---|\n";
+		for my $w (@workloads) {
+			my ($wl, $vars) = @$w;
+			for my $v (grep { $_ ne 'ext' } @$vars) {
+				my $t = $target{"$wl/$v"};
+				print "| $wl / $label{$v} |",
+				  join('', map {
+					  my $r = $summary{"$wl/$v"}{$pass}{$_} // 'NA';
+					  ' ' . fmt_ratio($r) . ($t && $r ne 'NA' && verdict($r, $t) eq 'FAIL' ? ' ✗' : '') . ' |'
+				  } @client_counts), ' ', target_text($t), " |\n";
+			}
+		}
+		print "\n";
+	}
 }
 
 # ---- reaping
@@ -176,7 +237,7 @@ if (%reap) {
 		my @sorted = map { $_->[1] } sort { $a->[0] <=> $b->[0] } @{ $reap{$v} // [] };
 		my $med = median(@sorted);
 		my $r = $v eq 'ext' ? '' : ratio($ext, $med);
-		$summary{'reap/ref'}{on} = $r if $v ne 'ext';
+		$summary{'reap/ref'}{on}{''} = $r if $v ne 'ext';
 		printf "| reap | %s | %s | %s | %s | %s | %s | %s |\n", $label{$v}, fmt_num($med),
 		  join(' ', map { fmt_num($_) } @sorted), $v eq 'ext' ? '' : fmt_ratio($r),
 		  $v eq 'ext' ? '' : round_ratios($reap{ext} // [], $reap{$v} // []),
@@ -197,7 +258,7 @@ if (%size) {
 	print "|---|---|---:|---:|---:|---:|---:|---:|---|---|\n";
 	my $per = sub { my $s = shift; return $s && $s->{keys} ? $s->{total} / $s->{keys} : 'NA'; };
 	my $r = ratio($per->($size{ext}), $per->($size{ref}));
-	$summary{'bytes_per_key/ref'}{on} = $r;
+	$summary{'bytes_per_key/ref'}{on}{''} = $r;
 	for my $v (qw(ext ref)) {
 		my $s = $size{$v} or next;
 		printf "| bytes_per_key | %s | %d | %s | %s | %s | %.1f | %s | %s | %s |\n",
@@ -255,13 +316,16 @@ my @rows = (
 for my $row (@rows) {
 	my ($k, $text) = @$row;
 	my $t = $target{$k};
-	print "| $text | ", target_text($t), " |";
-	for my $p (@passes_shown) {
-		my $r = $summary{$k}{$p};
-		if (!defined $r || $r eq '') { print " — | — |"; next; }
-		print ' ', fmt_ratio($r), ' | ', verdict($r, $t), ' |';
+	my $per_count = grep { exists $summary{$k}{$_} && !exists $summary{$k}{$_}{''} } @passes_shown;
+	for my $c ($per_count ? @client_counts : ('')) {
+		print "| $text", ($sweep && $c ne '' ? ", $c clients" : ''), ' | ', target_text($t), " |";
+		for my $p (@passes_shown) {
+			my $r = $summary{$k}{$p}{$c};
+			if (!defined $r || $r eq '') { print " — | — |"; next; }
+			print ' ', fmt_ratio($r), ' | ', verdict($r, $t), ' |';
+		}
+		print "\n";
 	}
-	print "\n";
 }
 if ($mem_verdict) {
 	print "| backend memory growth over $memory[0] claims | < 1 MB | ", mib($mem_verdict->[0]), " | $mem_verdict->[1] |",

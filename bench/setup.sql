@@ -120,3 +120,32 @@ BEGIN ATOMIC
            (SELECT sum(total_bytes) FROM pg_backend_memory_contexts),
            (regexp_match(pg_read_file('/proc/self/status'), 'RssAnon:\s+(\d+)'))[1]::bigint;
 END;
+
+-- Wait-event sampling: every 50 ms for the given seconds, what the other active client backends
+-- of this database are doing (wait_event_type:wait_event, or CPU when they wait for nothing),
+-- returned as the average number of backends per event over the samples. Kept in a variable, not
+-- a table: the sampler must write no WAL into the run it watches.
+CREATE FUNCTION bench.sample_waits(seconds numeric)
+RETURNS TABLE (event text, backends numeric)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    samples integer := 0;
+    seen    text[] := '{}';
+    stop_at timestamptz := clock_timestamp() + seconds * interval '1 second';
+BEGIN
+    WHILE clock_timestamp() < stop_at LOOP
+        -- pg_stat_activity is read once per transaction unless told to read it again
+        PERFORM pg_stat_clear_snapshot();
+        seen := seen || ARRAY(
+            SELECT coalesce(a.wait_event_type || ':' || a.wait_event, 'CPU')
+              FROM pg_stat_activity a
+             WHERE a.datname = current_database() AND a.backend_type = 'client backend'
+               AND a.state = 'active' AND a.pid <> pg_backend_pid());
+        samples := samples + 1;
+        PERFORM pg_sleep(0.05);
+    END LOOP;
+    RETURN QUERY SELECT e, round(count(*)::numeric / samples, 2)
+                   FROM unnest(seen) e GROUP BY e ORDER BY 2 DESC, 1;
+END
+$$;

@@ -1,5 +1,10 @@
 #include "access/keytable.hpp"
 
+extern "C" {
+#include "access/brin_revmap.h"
+#include "catalog/pg_am_d.h"
+}
+
 namespace idem {
 
 // Heap operations take a snapshot argument that heapam only uses for crosscheck: the statement's.
@@ -18,6 +23,10 @@ privileges_for(Access access)
 			return ACL_SELECT;
 		case Access::write:
 			return ACL_SELECT | ACL_INSERT | ACL_UPDATE;
+		case Access::update:
+			return ACL_SELECT | ACL_UPDATE;
+		case Access::forget:
+			return ACL_SELECT | ACL_DELETE;
 		case Access::reap:
 			return ACL_DELETE;
 	}
@@ -279,8 +288,8 @@ keytable_read(KeyTable *kt, TupleTableSlot *slot, KeyRow *row)
 	for (int c = 0; c < NUM_COLUMNS; c++)
 	{
 		int i = kt->catalog.attnum[c] - 1;
-		row->value[c] = slot->tts_values[i];
-		row->isnull[c] = slot->tts_isnull[i];
+		row->value[c] = i < 0 ? (Datum) 0 : slot->tts_values[i];
+		row->isnull[c] = i < 0 ? true : slot->tts_isnull[i];
 	}
 }
 
@@ -297,8 +306,8 @@ keytable_found_visible_to(KeyTable *kt, Snapshot snapshot)
 	return table_tuple_satisfies_snapshot(kt->rel, kt->found, snapshot);
 }
 
-// Forms the tuple to write into kt->written. Columns that are not ours (none in 1.0) keep the
-// values of `base`, the version being replaced, or are NULL in a new row.
+// Forms the tuple to write into kt->written. Columns that are not ours keep the values of `base`,
+// the version being replaced, or are NULL in a new row; ours that the table lacks are skipped.
 static void
 store_written(KeyTable *kt, const KeyRow *row, TupleTableSlot *base)
 {
@@ -319,6 +328,8 @@ store_written(KeyTable *kt, const KeyRow *row, TupleTableSlot *base)
 	for (int c = 0; c < NUM_COLUMNS; c++)
 	{
 		int i = kt->catalog.attnum[c] - 1;
+		if (i < 0)
+			continue;
 		values[i] = row->value[c];
 		isnull[i] = row->isnull[c];
 	}
@@ -435,6 +446,24 @@ keytable_update(KeyTable *kt, const KeyRow *row)
 	pg_unreachable();
 }
 
+TM_Result
+keytable_delete(KeyTable *kt)
+{
+	TM_FailureData tmfd;
+	TM_Result result = table_tuple_delete(kt->rel, &kt->found->tts_tid, GetCurrentCommandId(true),
+	                                      statement_snapshot(), InvalidSnapshot, true, &tmfd, false);
+	switch (result)
+	{
+		case TM_Ok:
+		case TM_Updated:
+		case TM_Deleted:
+			return result;
+		default:
+			elog(ERROR, "idempotency: unexpected result %d deleting from idem_keys", (int) result);
+	}
+	pg_unreachable();
+}
+
 bool
 keytable_delete_unless_busy(KeyTable *kt)
 {
@@ -533,6 +562,62 @@ keytable_expiry_end(ExpiryScan *es)
 	table_endscan(es->heap);
 	tbm_end_iterate(es->iterator);
 	tbm_free(es->bitmap);
+}
+
+// Is the range that starts at this block summarized (or being summarized right now)?
+static bool
+range_summarized(BrinRevmap *revmap, BlockNumber start, Buffer *buf)
+{
+	OffsetNumber off;
+	BrinTuple *summary =
+	    brinGetTupleForHeapBlock(revmap, start, buf, &off, nullptr, BUFFER_LOCK_SHARE, nullptr);
+	if (summary == nullptr)
+		return false;
+	LockBuffer(*buf, BUFFER_LOCK_UNLOCK);
+	return true;
+}
+
+int
+keytable_summarize_new_ranges(KeyTable *kt)
+{
+	Relation index = kt->expiry;
+	if (index->rd_rel->relam != BRIN_AM_OID)
+		return 0;
+
+	// Autosummarization and vacuum summarize in table order, so the ranges without a summary are
+	// the newest ones: walk back from the last complete range to the first summarized one. The
+	// last, partial, range stays unsummarized: a summary of it would make every insert there
+	// widen the summary, an index write per claim.
+	BlockNumber per_range;
+	BrinRevmap *revmap = brinRevmapInitialize(index, &per_range, nullptr);
+	BlockNumber complete_end = RelationGetNumberOfBlocks(kt->rel) / per_range * per_range;
+	BlockNumber first_new = complete_end;
+	Buffer buf = InvalidBuffer;
+	while (first_new > 0 && !range_summarized(revmap, first_new - per_range, &buf))
+		first_new -= per_range;
+	if (BufferIsValid(buf))
+		ReleaseBuffer(buf);
+	brinRevmapTerminate(revmap);
+	if (first_new == complete_end)
+		return 0;
+
+	// The lock that summarizing takes conflicts with vacuum's and with itself, never with DML.
+	if (!ConditionalLockRelation(kt->rel, ShareUpdateExclusiveLock))
+		return 0;
+	// brin_summarize_range asks for the index's owner, as VACUUM would; reaping is what a
+	// caller with DELETE on idem_keys may do, and this is part of it.
+	Oid saved_user;
+	int saved_context;
+	GetUserIdAndSecContext(&saved_user, &saved_context);
+	SetUserIdAndSecContext(kt->rel->rd_rel->relowner, saved_context | SECURITY_RESTRICTED_OPERATION);
+	int summarized = 0;
+	for (BlockNumber start = first_new; start < complete_end; start += per_range)
+		summarized += DatumGetInt32(DirectFunctionCall2(brin_summarize_range,
+		                                                ObjectIdGetDatum(RelationGetRelid(index)),
+		                                                Int64GetDatum(static_cast<int64>(start))));
+	SetUserIdAndSecContext(saved_user, saved_context);
+	UnlockRelation(kt->rel, ShareUpdateExclusiveLock);
+	return summarized;
 }
 
 Datum

@@ -33,8 +33,10 @@ struct KeyTable
 enum class Access
 {
 	read,  // idem_lookup: SELECT
-	write, // claim, complete, fail: SELECT, INSERT, UPDATE
-	reap,  // idem_reap: DELETE
+	write,  // claim, complete, fail: SELECT, INSERT, UPDATE
+	update, // extend, release: SELECT, UPDATE (UPDATE ... WHERE key = ...)
+	forget, // idem_forget: SELECT, DELETE (DELETE ... WHERE key = ... reads the key)
+	reap,   // idem_reap: DELETE
 };
 
 // Opens idem_keys and, for writers, its indexes; checks privileges as the equivalent SQL would and
@@ -81,6 +83,10 @@ bool keytable_insert(KeyTable *kt, const KeyRow *row);
 // TM_Ok, or TM_Updated / TM_Deleted when that version is no longer the newest.
 TM_Result keytable_update(KeyTable *kt, const KeyRow *row);
 
+// Deletes the version in kt->found, waiting for a concurrent writer of it. TM_Ok, or TM_Updated /
+// TM_Deleted when that version is no longer the newest.
+TM_Result keytable_delete(KeyTable *kt);
+
 // Deletes the version in kt->found unless another transaction holds or changed it: never waits.
 bool keytable_delete_unless_busy(KeyTable *kt);
 
@@ -102,6 +108,14 @@ struct ExpiryScan
 void keytable_expiry_begin(KeyTable *kt, ExpiryScan *es, TimestampTz until, Snapshot snapshot);
 bool keytable_expiry_next(KeyTable *kt, ExpiryScan *es);
 void keytable_expiry_end(ExpiryScan *es);
+
+// Summarizes the complete block ranges at the end of the table that the BRIN index of expires_at
+// does not summarize yet, so that the expiry scan skips them until their keys expire. Cost: one
+// index lookup when there is nothing to do, else the new ranges only. Takes the table's
+// ShareUpdateExclusiveLock for the summarizing only, and only when it is free at once (a vacuum
+// holding it summarizes them itself); claims (RowExclusiveLock) are never blocked by it. Returns
+// the ranges summarized.
+int keytable_summarize_new_ranges(KeyTable *kt);
 
 // The version in kt->found, or the tuple last written, as a composite datum of idem_keys' row type.
 Datum keytable_found_datum(KeyTable *kt);

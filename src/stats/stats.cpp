@@ -11,43 +11,80 @@ extern "C" {
 
 namespace idem {
 
-// One slot per database that has counted something since the server started. Slots are never
-// given back (a dropped database keeps its slot until the next restart); when all are in use,
-// further databases are not counted and their idem_stats row shows NULL counters.
+// Counting costs a backend no shared cache line: each backend adds to its own slot, which only it
+// writes (plain loads and stores, no locked instructions), and idem_stats sums the slots of the
+// database when it is read. A backend's counts move into its database's slot when it exits, so
+// they outlive it. The same shape serves any statistics keyed by something a backend writes often.
+//
+// One database slot per database that has counted something since the server started. Slots are
+// never given back (a dropped database keeps its slot until the next restart); when all are in
+// use, further databases are not counted and their idem_stats row shows NULL counters.
 static constexpr int max_databases = 256;
 static constexpr int num_counters = static_cast<int>(Counter::count);
 static constexpr const char *tranche_name = "idempotency";
 static constexpr uint64 no_time = PG_UINT64_MAX; // "never" in the timestamp fields
 
+struct Counters
+{
+	pg_atomic_uint64 value[num_counters];
+};
+
 struct DbSlot
 {
 	Oid dboid;                    // InvalidOid: free; written once, under the exclusive lock
 	pg_atomic_uint32 reaper_pid;  // the reaper serving this database, 0 if none
-	pg_atomic_uint64 counter[num_counters];
+	Counters exited;              // counts of the backends that have exited
+	Counters at_reset;            // the database's totals at the last reset
 	pg_atomic_uint64 last_reap_at; // TimestampTz, or no_time
 	pg_atomic_uint64 stats_reset;  // TimestampTz, or no_time
 };
 
+// A backend's own counters, on cache lines of their own so that neighbours do not share them.
+struct alignas(PG_CACHE_LINE_SIZE) BackendSlot
+{
+	DbSlot *db; // the database counted for; nullptr when the slot is free
+	Counters counts;
+};
+
 struct StatsShared
 {
-	LWLock *lock; // guards slot assignment (dboid) only; counters are atomics
+	// Guards database slot assignment, which backend slot counts for which database, and the
+	// move of an exiting backend's counts (exclusive); readers summing take it shared. Counting
+	// itself takes no lock.
+	LWLock *lock;
 	DbSlot slot[max_databases];
+	BackendSlot *backend; // indexed by BackendId - 1, MaxBackends of them
 };
 
 static StatsShared *shared = nullptr;
 static shmem_request_hook_type prev_shmem_request_hook = nullptr;
 static shmem_startup_hook_type prev_shmem_startup_hook = nullptr;
 
-// This backend's slot: a backend is connected to one database for its whole life.
+// This backend's slots: a backend is connected to one database for its whole life.
 static DbSlot *my_slot = nullptr;
+static BackendSlot *my_backend = nullptr;
 static bool my_slot_unavailable = false;
+
+// With room to start the backend slots on a cache line.
+static Size
+backend_slots_size()
+{
+	return add_size(mul_size(sizeof(BackendSlot), MaxBackends), PG_CACHE_LINE_SIZE);
+}
+
+static void
+counters_init(Counters *c)
+{
+	for (int i = 0; i < num_counters; i++)
+		pg_atomic_init_u64(&c->value[i], 0);
+}
 
 static void
 stats_shmem_request()
 {
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
-	RequestAddinShmemSpace(MAXALIGN(sizeof(StatsShared)));
+	RequestAddinShmemSpace(add_size(MAXALIGN(sizeof(StatsShared)), backend_slots_size()));
 	RequestNamedLWLockTranche(tranche_name, 1);
 }
 
@@ -61,16 +98,24 @@ stats_shmem_startup()
 	shared = static_cast<StatsShared *>(ShmemInitStruct("idempotency stats", sizeof(StatsShared), &found));
 	if (!found)
 	{
+		bool backends_found;
+		void *backends = ShmemInitStruct("idempotency backend counters", backend_slots_size(), &backends_found);
+		shared->backend = reinterpret_cast<BackendSlot *>(CACHELINEALIGN(backends));
 		shared->lock = &(GetNamedLWLockTranche(tranche_name))->lock;
 		for (int i = 0; i < max_databases; i++)
 		{
 			DbSlot *s = &shared->slot[i];
 			s->dboid = InvalidOid;
 			pg_atomic_init_u32(&s->reaper_pid, 0);
-			for (int c = 0; c < num_counters; c++)
-				pg_atomic_init_u64(&s->counter[c], 0);
+			counters_init(&s->exited);
+			counters_init(&s->at_reset);
 			pg_atomic_init_u64(&s->last_reap_at, no_time);
 			pg_atomic_init_u64(&s->stats_reset, no_time);
+		}
+		for (int i = 0; i < MaxBackends; i++)
+		{
+			shared->backend[i].db = nullptr;
+			counters_init(&shared->backend[i].counts);
 		}
 	}
 	LWLockRelease(AddinShmemInitLock);
@@ -116,6 +161,22 @@ find_slot(Oid dboid, bool create)
 	return result;
 }
 
+// At exit: add this backend's counts to its database's and free its slot, in one step for
+// readers (they sum under the shared lock).
+static void
+release_backend_slot(int, Datum)
+{
+	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+	for (int c = 0; c < num_counters; c++)
+	{
+		pg_atomic_fetch_add_u64(&my_slot->exited.value[c], pg_atomic_read_u64(&my_backend->counts.value[c]));
+		pg_atomic_write_u64(&my_backend->counts.value[c], 0);
+	}
+	my_backend->db = nullptr;
+	LWLockRelease(shared->lock);
+	my_backend = nullptr;
+}
+
 static DbSlot *
 my_database_slot()
 {
@@ -127,25 +188,68 @@ my_database_slot()
 	return my_slot;
 }
 
+// This backend's counters, taken on its first count (nullptr when it counts nowhere).
+static BackendSlot *
+my_backend_slot()
+{
+	if (my_backend != nullptr)
+		return my_backend;
+	DbSlot *db = my_database_slot();
+	if (db == nullptr || MyBackendId == InvalidBackendId || MyBackendId > MaxBackends)
+		return nullptr;
+	BackendSlot *b = &shared->backend[MyBackendId - 1];
+	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+	b->db = db;
+	LWLockRelease(shared->lock);
+	my_backend = b;
+	before_shmem_exit(release_backend_slot, (Datum) 0);
+	return b;
+}
+
+// Only this backend writes its slot: a read and a write, no locked read-modify-write.
+static void
+add_own(BackendSlot *b, Counter c, uint64 n)
+{
+	pg_atomic_uint64 *v = &b->counts.value[static_cast<int>(c)];
+	pg_atomic_write_u64(v, pg_atomic_read_u64(v) + n);
+}
+
 void
 stats_count(Counter c, uint64 n)
 {
 	if (n == 0)
 		return;
-	DbSlot *s = my_database_slot();
-	if (s != nullptr)
-		pg_atomic_fetch_add_u64(&s->counter[static_cast<int>(c)], n);
+	BackendSlot *b = my_backend_slot();
+	if (b != nullptr)
+		add_own(b, c, n);
 }
 
 void
 stats_reaped(int64 n)
 {
-	DbSlot *s = my_database_slot();
-	if (s == nullptr)
+	BackendSlot *b = my_backend_slot();
+	if (b == nullptr)
 		return;
-	pg_atomic_fetch_add_u64(&s->counter[static_cast<int>(Counter::reaped)], static_cast<uint64>(n));
-	pg_atomic_fetch_add_u64(&s->counter[static_cast<int>(Counter::reaper_runs)], 1);
-	pg_atomic_write_u64(&s->last_reap_at, static_cast<uint64>(GetCurrentTimestamp()));
+	add_own(b, Counter::reaped, static_cast<uint64>(n));
+	add_own(b, Counter::reaper_runs, 1);
+	pg_atomic_write_u64(&my_slot->last_reap_at, static_cast<uint64>(GetCurrentTimestamp()));
+}
+
+// The database's counts since the server started: the exited backends' plus the live ones'.
+// The caller holds the lock.
+static void
+sum_counters(const DbSlot *db, uint64 total[num_counters])
+{
+	for (int c = 0; c < num_counters; c++)
+		total[c] = pg_atomic_read_u64(const_cast<pg_atomic_uint64 *>(&db->exited.value[c]));
+	for (int i = 0; i < MaxBackends; i++)
+	{
+		BackendSlot *b = &shared->backend[i];
+		if (b->db != db)
+			continue;
+		for (int c = 0; c < num_counters; c++)
+			total[c] += pg_atomic_read_u64(&b->counts.value[c]);
+	}
 }
 
 static void
@@ -194,11 +298,19 @@ IDEM_SQL_FUNCTION(idem_stats_get)
 	Datum values[num_counters + 2];
 	bool nulls[num_counters + 2];
 	DbSlot *s = my_database_slot();
+	uint64 total[num_counters];
+	if (s != nullptr)
+	{
+		LWLockAcquire(shared->lock, LW_SHARED);
+		sum_counters(s, total);
+		for (int c = 0; c < num_counters; c++)
+			total[c] -= pg_atomic_read_u64(&s->at_reset.value[c]);
+		LWLockRelease(shared->lock);
+	}
 	for (int c = 0; c < num_counters; c++)
 	{
 		nulls[c] = (s == nullptr);
-		values[c] = s == nullptr ? (Datum) 0
-		                         : Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&s->counter[c])));
+		values[c] = s == nullptr ? (Datum) 0 : Int64GetDatum(static_cast<int64>(total[c]));
 	}
 	uint64 times[2] = {s == nullptr ? no_time : pg_atomic_read_u64(&s->last_reap_at),
 	                   s == nullptr ? no_time : pg_atomic_read_u64(&s->stats_reset)};
@@ -217,10 +329,15 @@ IDEM_SQL_FUNCTION(idem_stats_reset)
 	DbSlot *s = my_database_slot();
 	if (s != nullptr)
 	{
+		// The counters only grow; a reset records where they stand and idem_stats subtracts it.
+		LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+		uint64 total[num_counters];
+		sum_counters(s, total);
 		for (int c = 0; c < num_counters; c++)
-			pg_atomic_write_u64(&s->counter[c], 0);
+			pg_atomic_write_u64(&s->at_reset.value[c], total[c]);
 		pg_atomic_write_u64(&s->last_reap_at, no_time);
 		pg_atomic_write_u64(&s->stats_reset, static_cast<uint64>(GetCurrentTimestamp()));
+		LWLockRelease(shared->lock);
 	}
 	PG_RETURN_VOID();
 }

@@ -2,8 +2,8 @@
 // which reaper serves a database (src/worker). Only with shared_preload_libraries: otherwise every
 // call here is a no-op and idem_stats shows NULL counters.
 //
-// Counting never serializes callers: each database has a slot of atomic counters; a backend finds
-// (or creates) its database's slot once, under a lightweight lock, and caches the pointer.
+// Counting never serializes callers nor shares a cache line between them: each backend counts in
+// a slot of its own, and reading idem_stats sums the slots of the database (stats.cpp).
 #pragma once
 
 #include "common/pg.hpp"
