@@ -285,11 +285,24 @@ between(value($s1, 'idempotency_table_oldest_key_age_seconds', datname => 'app',
 between(value($s1, 'idempotency_table_max_ttl_used_ratio', datname => 'app', state => 'pending'),
 	ttl_ratio_at('pending', $t0), ttl_ratio_at('pending', $t1),
 	'scrape 1: pending keys used ~1/25 of their ttl');
-cmp_ok(value($s1, 'idempotency_table_max_ttl_used_ratio', datname => 'app', state => 'succeeded'),
-	'>', 1, 'scrape 1: a succeeded key outlived its ttl');
+is(value($s1, 'idempotency_table_max_ttl_used_ratio', datname => 'app', state => 'succeeded'),
+	0, 'scrape 1: ttl ratio: pending keys only');
 for my $name (qw(idempotency_table_keys idempotency_expired_keys idempotency_last_reap_timestamp_seconds))
 {
 	is($s1->{type}{$name}, 'gauge', "$name is a gauge");
+}
+
+# every metric the example alerts use is exported (a renamed column would silence an alert)
+my %in_alerts;
+for my $line (split /\n/, slurp_file("$part/alerts.yml"))
+{
+	next if $line =~ /^\s*#/;
+	$in_alerts{$1} = 1 while $line =~ /\b((?:idempotency|pg_exporter)_[a-z_]+)\b/g;
+}
+cmp_ok(scalar keys %in_alerts, '>=', 8, 'alerts.yml uses the metrics');
+for my $name (sort keys %in_alerts)
+{
+	ok(exists $s1->{series}{$name}, "alerts.yml: $name is exported");
 }
 
 # ---- reset, then claims that write nothing to the table (replay, in_progress, mismatch)
