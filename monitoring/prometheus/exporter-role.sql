@@ -14,6 +14,8 @@ BEGIN
         -- a scrape must never write, and never run for long: the table query scans idem_keys
         ALTER ROLE idempotency_exporter SET default_transaction_read_only = on;
         ALTER ROLE idempotency_exporter SET statement_timeout = '30s';
+        -- compiling the table query would cost more than running it on most tables
+        ALTER ROLE idempotency_exporter SET jit = off;
     END IF;
 
     SELECT n.nspname INTO STRICT extschema
