@@ -121,6 +121,14 @@ my $after_reap = app('SELECT date_part(\'epoch\', clock_timestamp())');
 # the oldest pending key: claimed an hour ago (as far as the table knows)
 app(q{UPDATE idem_keys SET created_at = created_at - interval '1 hour' WHERE key = 'order-3'});
 
+# a second database, scraped through a second DSN: its own series (datname label)
+$node->safe_psql('postgres', 'CREATE DATABASE billing');
+$node->safe_psql('billing', 'CREATE EXTENSION idempotency');
+$node->command_ok(
+	[ 'psql', '-X', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr('billing'), '-f', $role_sql ],
+	'exporter-role.sql runs in a second database');
+$node->safe_psql('billing', q{SELECT idem_claim('invoice-1')});
+
 my %stats = (
 	claims => 13, inserted => 7, replays => 2, in_progress => 1, takeovers => 2,
 	mismatches => 1, completes => 4, fails => 2, reaped => 2, reaper_runs => 1);
@@ -130,7 +138,8 @@ is(app('SELECT ' . join(', ', sort keys %stats) . ' FROM idem_stats'),
 # ---- the exporter, on a free loopback port
 sub free_port
 {
-	for my $port (($ENV{MONITORING_EXPORTER_PORT} // 18500) .. 18999)
+	my $first = $ENV{MONITORING_EXPORTER_PORT} // 18500;
+	for my $port ($first .. $first + 499)
 	{
 		my $sock = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $port,
 			Proto => 'tcp', ReuseAddr => 0);
@@ -151,8 +160,10 @@ sub start_exporter
 	{
 		open(STDOUT, '>>', $exporter_log) or die $!;
 		open(STDERR, '>&', \*STDOUT) or die $!;
-		$ENV{DATA_SOURCE_NAME} = 'host=' . $node->host . ' port=' . $node->port
-		  . ' user=idempotency_exporter dbname=app sslmode=disable';
+		# one DSN per database, comma-separated
+		$ENV{DATA_SOURCE_NAME} = join(',', map {
+			'host=' . $node->host . ' port=' . $node->port
+			  . " user=idempotency_exporter dbname=$_ sslmode=disable" } qw(app billing));
 		exec($exporter_bin, '--disable-default-metrics', '--disable-settings-metrics',
 			'--no-collector.database', '--no-collector.bgwriter',
 			"--extend.query-path=$queries", "--web.listen-address=127.0.0.1:$port",
@@ -270,6 +281,10 @@ between(value($s1, 'idempotency_last_reap_timestamp_seconds', datname => 'app'),
 	$before_reap, $after_reap, 'scrape 1: last_reap_at is the idem_reap call');
 between(value($s1, 'idempotency_stats_reset_timestamp_seconds', datname => 'app'),
 	$before_reset1, $after_reset1, 'scrape 1: stats_reset is the first reset');
+is(value($s1, 'idempotency_claims_total', datname => 'billing'), 1,
+	'scrape 1: the second database counts its own claim');
+is(value($s1, 'idempotency_table_keys', datname => 'billing', state => 'pending'), 1,
+	'scrape 1: the second database has its own pending key');
 is(value($s1, 'idempotency_expired_keys', datname => 'app'), 1,
 	'scrape 1: one expired key waits for the reaper');
 my %keys = (pending => 2, succeeded => 2, failed => 1);
