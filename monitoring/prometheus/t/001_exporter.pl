@@ -97,7 +97,8 @@ is(outcome('order-1', q{request => '{"a": 1}'}), 'replay|f', 'order-1 replayed')
 claim_mismatch('order-1', '{"a": 2}');                                             # mismatch
 is(outcome('order-2'), 'claimed|t', 'order-2 claimed');                            # inserted
 app(q{SELECT idem_fail('order-2', scope => 'tenant-acme')});                      # fail (retryable)
-is(outcome('order-2'), 'claimed|f', 'order-2 taken over after a retryable failure');  # takeover
+# a lease that outlasts the test: order-2 answers in_progress after the reset, however slow the machine
+is(outcome('order-2', q{lease => '1 hour'}), 'claimed|f', 'order-2 taken over after a retryable failure'); # takeover
 is(outcome('order-3', q{lease => '1 millisecond'}), 'claimed|t', 'order-3 claimed with a short lease');
 ok($node->poll_query_until('app',
 	q{SELECT locked_until < clock_timestamp() FROM idem_keys WHERE key = 'order-3'}),
@@ -106,11 +107,14 @@ is(outcome('order-3'), 'claimed|f', 'order-3 taken over after its lease ended');
 is(outcome('order-4'), 'claimed|t', 'order-4 claimed');                            # inserted
 app(q{SELECT idem_fail('order-4', retryable => false, scope => 'tenant-acme')});  # fail
 is(outcome('order-4'), 'replay|f', 'order-4 replays its failure');                 # replay
-# three keys that expire 5 s after their claim, completed at once
+# a key whose owner went away: its lease ended, nobody finished it (a row of idem_stalled)
+is(outcome('order-5', q{lease => '1 millisecond'}), 'claimed|t', 'order-5 claimed, then abandoned'); # inserted
+# three keys that expire 5 s after their claim, completed at once (an expired key cannot be)
 for my $i (1 .. 3)
 {
-	is(outcome("short-$i", q{ttl => '5 seconds'}), 'claimed|t', "short-$i claimed"); # inserted
-	app(qq{SELECT idem_complete('short-$i', '{}', scope => 'tenant-acme')});          # complete
+	is(app(qq{SELECT outcome, inserted FROM idem_claim('short-$i', scope => 'tenant-acme', ttl => '5 seconds');
+	          SELECT state FROM idem_complete('short-$i', '{}', scope => 'tenant-acme')}),
+		"claimed|t\nsucceeded", "short-$i claimed and completed");            # inserted, complete
 }
 ok($node->poll_query_until('app',
 	q{SELECT count(*) = 3 FROM idem_keys WHERE key LIKE 'short-%' AND expires_at <= clock_timestamp()}),
@@ -118,8 +122,11 @@ ok($node->poll_query_until('app',
 my $before_reap = app('SELECT date_part(\'epoch\', clock_timestamp())');
 is(app('SELECT idem_reap(2)'), '2', 'idem_reap(2) deletes two of them');          # reaped 2, 1 run
 my $after_reap = app('SELECT date_part(\'epoch\', clock_timestamp())');
-# the oldest pending key: claimed an hour ago (as far as the table knows)
+# the oldest pending key: claimed an hour ago (as far as the table knows); order-5 stalled for
+# ten minutes
 app(q{UPDATE idem_keys SET created_at = created_at - interval '1 hour' WHERE key = 'order-3'});
+app(q{UPDATE idem_keys SET locked_until = locked_until - interval '10 minutes' WHERE key = 'order-5'});
+is(app('SELECT key FROM idem_stalled'), 'order-5', 'idem_stalled lists order-5');
 
 # a second database, scraped through a second DSN: its own series (datname label)
 $node->safe_psql('postgres', 'CREATE DATABASE billing');
@@ -130,7 +137,7 @@ $node->command_ok(
 $node->safe_psql('billing', q{SELECT idem_claim('invoice-1')});
 
 my %stats = (
-	claims => 13, inserted => 7, replays => 2, in_progress => 1, takeovers => 2,
+	claims => 14, inserted => 8, replays => 2, in_progress => 1, takeovers => 2,
 	mismatches => 1, completes => 4, fails => 2, reaped => 2, reaper_runs => 1);
 is(app('SELECT ' . join(', ', sort keys %stats) . ' FROM idem_stats'),
 	join('|', map { $stats{$_} } sort keys %stats), 'idem_stats counted the workload');
@@ -287,7 +294,7 @@ is(value($s1, 'idempotency_table_keys', datname => 'billing', state => 'pending'
 	'scrape 1: the second database has its own pending key');
 is(value($s1, 'idempotency_expired_keys', datname => 'app'), 1,
 	'scrape 1: one expired key waits for the reaper');
-my %keys = (pending => 2, succeeded => 2, failed => 1);
+my %keys = (pending => 3, succeeded => 2, failed => 1);
 for my $state (sort keys %keys)
 {
 	is(value($s1, 'idempotency_table_keys', datname => 'app', state => $state), $keys{$state},
@@ -302,6 +309,17 @@ between(value($s1, 'idempotency_table_max_ttl_used_ratio', datname => 'app', sta
 	'scrape 1: pending keys used ~1/25 of their ttl');
 is(value($s1, 'idempotency_table_max_ttl_used_ratio', datname => 'app', state => 'succeeded'),
 	0, 'scrape 1: ttl ratio: pending keys only');
+is(value($s1, 'idempotency_table_stalled_keys', datname => 'app', state => 'pending'),
+	app('SELECT count(*) FROM idem_stalled'), 'scrape 1: stalled keys: the rows of idem_stalled (1)');
+my $stalled_since = app(q{SELECT date_part('epoch', max(locked_until)) FROM idem_stalled});
+between(value($s1, 'idempotency_table_oldest_stalled_seconds', datname => 'app', state => 'pending'),
+	$t0 - $stalled_since, $t1 - $stalled_since,
+	'scrape 1: oldest stalled: idem_stalled.stalled_for of order-5 (ten minutes)');
+for my $state (qw(succeeded failed))
+{
+	is(value($s1, 'idempotency_table_stalled_keys', datname => 'app', state => $state), 0,
+		"scrape 1: no stalled $state key");
+}
 for my $name (qw(idempotency_table_keys idempotency_expired_keys idempotency_last_reap_timestamp_seconds))
 {
 	is($s1->{type}{$name}, 'gauge', "$name is a gauge");
