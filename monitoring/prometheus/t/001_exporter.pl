@@ -198,6 +198,8 @@ sub stop_exporter
 	$exporter_pid = undef;
 }
 END { stop_exporter(); }
+# interrupted: leave through exit, so that the END blocks stop the exporter and the cluster
+$SIG{INT} = $SIG{TERM} = sub { exit 1; };
 
 my $http = HTTP::Tiny->new(timeout => 60);
 
