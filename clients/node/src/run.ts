@@ -1,5 +1,5 @@
 import type { PoolClient } from 'pg';
-import { StaleAttemptError, UnsupportedVersionError, isSerializationFailure } from './errors';
+import { StaleAttemptError, UnsupportedVersionError, isSerializationFailure, translateError } from './errors';
 import type { ClaimOptions, ClaimResult, Duration, IdempotencyStore } from './store';
 
 /** What a handler produces; it is stored and replayed to every retry. */
@@ -54,7 +54,8 @@ export async function runInTransaction<T extends HandlerResult>(
     try {
       return await runTransactionOnce(store, options, handler);
     } catch (err) {
-      if (!isSerializationFailure(err) || retry >= maxRetries) throw err;
+      // database errors, the handler's own included, come out typed
+      if (!isSerializationFailure(err) || retry >= maxRetries) throw translateError(err);
     }
   }
 }

@@ -22,13 +22,15 @@ class HttpError extends Error {
 }
 
 async function work(req: Request) {
-  const body = req.body as { hangMs?: number; fail?: 'retryable' | 'terminal' };
-  if (body.hangMs) {
+  // hang and failure are headers, not part of the fingerprint: a retry is the same request
+  const hangMs = Number(req.headers['x-hang-ms'] ?? 0);
+  const fail = req.headers['x-fail'];
+  if (hangMs > 0) {
     process.stdout.write(`handling ${String(req.headers['idempotency-key'])}\n`);
-    await sleep(body.hangMs);
+    await sleep(hangMs);
   }
-  if (body.fail === 'retryable') throw new Error('downstream unavailable');
-  if (body.fail === 'terminal') throw new HttpError(400, 'card declined');
+  if (fail === 'retryable') throw new Error('downstream unavailable');
+  if (fail === 'terminal') throw new HttpError(400, 'card declined');
 }
 
 export function buildApp(store: IdempotencyStore, options: AppOptions = {}) {
