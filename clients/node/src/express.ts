@@ -32,7 +32,7 @@ export function idempotent(store: IdempotencyStore, options: ExpressIdempotencyO
         if (decision.kind === 'pass') return next();
         if (decision.kind === 'respond') return send(res, decision.response);
         req.idempotency = decision.session.context;
-        capture(res, decision.session.finish, decision.session.abandon);
+        capture(res, decision.session.finish);
         next();
       })
       .catch(next);
@@ -40,7 +40,7 @@ export function idempotent(store: IdempotencyStore, options: ExpressIdempotencyO
 }
 
 /** Hold the handler's writeHead/write/end until `finish` has stored the response. */
-function capture(res: Response, finish: (r: HttpResponse) => Promise<HttpResponse>, abandon: () => Promise<void>) {
+function capture(res: Response, finish: (r: HttpResponse) => Promise<HttpResponse>) {
   const original = { writeHead: res.writeHead, write: res.write, end: res.end };
   const chunks: Buffer[] = [];
   let ended = false;
@@ -78,9 +78,8 @@ function capture(res: Response, finish: (r: HttpResponse) => Promise<HttpRespons
     );
     return this;
   } as Response['end'];
-  res.once('close', () => {
-    if (!ended) void abandon();
-  });
+  // a client that goes away does not stop the handler: its response is still stored (and, in
+  // same-transaction mode, committed) when it ends, and the client's retry replays it
 }
 
 function send(res: Response, response: HttpResponse): void {

@@ -1,4 +1,4 @@
-import type { FastifyInstance, FastifyPluginAsync, FastifyReply, FastifyRequest, onRequestAbortHookHandler, onResponseHookHandler, onSendHookHandler, preHandlerHookHandler } from 'fastify';
+import type { FastifyInstance, FastifyPluginAsync, FastifyReply, FastifyRequest, onResponseHookHandler, onSendHookHandler, preHandlerHookHandler } from 'fastify';
 import { HttpIdempotency, toHeaderRecord, type HttpIdempotencyOptions, type HttpResponse, type IdempotencyContext, type Session } from './http';
 import type { IdempotencyStore } from './store';
 
@@ -66,7 +66,10 @@ export const fastifyIdempotency: FastifyPluginAsync<FastifyIdempotencyOptions> =
       reply.code(response.status).headers(response.headers);
       return response.body;
     };
-    const giveBack: onResponseHookHandler & onRequestAbortHookHandler = async (request: FastifyRequest) => {
+    // a client that goes away does not stop the handler (it may still use the transaction's
+    // client): its result is stored for the retry. Only an exchange that ended without onSend
+    // reaching us (another hook failed) is given back here.
+    const giveBack: onResponseHookHandler = async (request) => {
       const session = sessions.get(request);
       if (!session) return;
       sessions.delete(request);
@@ -75,7 +78,6 @@ export const fastifyIdempotency: FastifyPluginAsync<FastifyIdempotencyOptions> =
     route.preHandler = [...toArray(route.preHandler), preHandler];
     route.onSend = [...toArray(route.onSend), onSend];
     route.onResponse = [...toArray(route.onResponse), giveBack];
-    route.onRequestAbort = [...toArray(route.onRequestAbort), giveBack];
   });
 };
 // hooks apply to the routes of the instance that registers the plugin, not only inside it
