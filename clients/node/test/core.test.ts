@@ -15,7 +15,7 @@ import {
   runInTransaction,
   runWithLease,
 } from '../src';
-import { createTestDatabase, eventually, isV12, sleep, uniqueKey, type TestDatabase } from './helpers';
+import { createTestDatabase, eventually, extensionVersion, isV12, sleep, uniqueKey, type TestDatabase } from './helpers';
 
 let db: TestDatabase;
 before(async () => {
@@ -27,7 +27,7 @@ after(async () => {
 
 describe('store', () => {
   test('reads the installed version and the extension schema', async () => {
-    assert.equal(await db.store.version(), isV12 ? (await db.store.version()) : '1.1');
+    assert.equal(await db.store.version(), extensionVersion);
     assert.equal(await db.store.supportsV12(), isV12);
   });
 

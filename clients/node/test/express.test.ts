@@ -209,6 +209,32 @@ describe('express: lease mode', () => {
   });
 });
 
+describe('express: upgrade', () => {
+  test('a response stored under 1.1 replays byte for byte after ALTER EXTENSION UPDATE', { skip: !isV12 && 'needs a newer version installed' }, async () => {
+    const { IdempotencyStore } = await import('../src');
+    const upgraded = await createTestDatabase('upgrade', '1.1');
+    const old = upgraded.pool;
+    const key = uniqueKey('upgrade');
+    const before = await listen(buildApp(upgraded.store));
+    const first = await post(`${before.url}/orders`, key, { item: 'mug' });
+    const firstBody = await first.text();
+    await before.close();
+    await old.query('ALTER EXTENSION idempotency UPDATE');
+    // a new store reads the new version (as an application restarted after the update would)
+    const after = await listen(buildApp(new IdempotencyStore(old)));
+    try {
+      const replay = await post(`${after.url}/orders`, key, { item: 'mug' });
+      assert.equal(replay.status, 201);
+      assert.equal(replay.headers.get('idempotent-replayed'), 'true');
+      assert.equal(await replay.text(), firstBody);
+      assert.equal(replay.headers.get('location'), first.headers.get('location'));
+    } finally {
+      await after.close();
+      await upgraded.close();
+    }
+  });
+});
+
 describe('express: kill -9 of the application during the handler', () => {
   async function startApp(): Promise<{ child: ChildProcess; url: string; lines: string[] }> {
     const child = spawn(process.execPath, [path.join(__dirname, 'app.js')], {

@@ -13,8 +13,8 @@ export interface TestDatabase {
 }
 
 /** A fresh database with the extension at `extensionVersion` and the tables the tests write. */
-export async function createTestDatabase(label: string): Promise<TestDatabase> {
-  const name = `node_${label}_${extensionVersion.replace('.', '_')}`;
+export async function createTestDatabase(label: string, version = extensionVersion): Promise<TestDatabase> {
+  const name = `node_${label}_${version.replace('.', '_')}`;
   const admin = new Client({ database: 'postgres' });
   await admin.connect();
   try {
@@ -24,7 +24,7 @@ export async function createTestDatabase(label: string): Promise<TestDatabase> {
     await admin.end();
   }
   const pool = new Pool({ database: name, max: 20 });
-  await pool.query(`CREATE EXTENSION idempotency VERSION '${extensionVersion}'`);
+  await pool.query(`CREATE EXTENSION idempotency VERSION '${version}'`);
   await pool.query(`
     CREATE TABLE orders (id bigserial PRIMARY KEY, idem_key text NOT NULL, item text);
     CREATE TABLE provider_charges (idem_key text PRIMARY KEY, attempt integer NOT NULL, charged_at timestamptz DEFAULT clock_timestamp());
