@@ -99,8 +99,11 @@ function request(port: number, key: string): Promise<number> {
 }
 
 let sequence = 0;
-async function load(port: number): Promise<number> {
+/** Requests per second, and this process's CPU microseconds per request (the app and the load
+ * generator share the process, and the generator's part is the same for both variants). */
+async function load(port: number): Promise<{ rps: number; cpuUs: number }> {
   const end = Date.now() + seconds * 1000;
+  const cpuBefore = process.cpuUsage();
   let done = 0;
   await Promise.all(
     Array.from({ length: concurrency }, async () => {
@@ -111,7 +114,8 @@ async function load(port: number): Promise<number> {
       }
     }),
   );
-  return done / seconds;
+  const cpu = process.cpuUsage(cpuBefore);
+  return { rps: done / seconds, cpuUs: (cpu.user + cpu.system) / done };
 }
 
 function listen(app: express.Express): Promise<{ port: number; server: http.Server }> {
@@ -135,10 +139,17 @@ async function main() {
   await load(byHand.port);
   const a: number[] = [];
   const b: number[] = [];
+  const aCpu: number[] = [];
+  const bCpu: number[] = [];
   for (let round = 0; round < rounds; round++) {
-    a.push(await load(withMiddleware.port));
-    b.push(await load(byHand.port));
-    console.log(`round ${round + 1}: middleware ${a[round].toFixed(0)} req/s, hand-written ${b[round].toFixed(0)} req/s`);
+    const m = await load(withMiddleware.port);
+    const h = await load(byHand.port);
+    a.push(m.rps);
+    b.push(h.rps);
+    aCpu.push(m.cpuUs);
+    bCpu.push(h.cpuUs);
+    console.log(`round ${round + 1}: middleware ${m.rps.toFixed(0)} req/s ${m.cpuUs.toFixed(0)} us CPU/req, ` +
+      `hand-written ${h.rps.toFixed(0)} req/s ${h.cpuUs.toFixed(0)} us CPU/req`);
   }
 
   const replayStatements = async (port: number, what: string) => {
@@ -157,6 +168,8 @@ async function main() {
   console.log(`  middleware (same-transaction)  ${median(a).toFixed(0)} req/s`);
   console.log(`  hand-written glue              ${median(b).toFixed(0)} req/s`);
   console.log(`  ratio middleware / hand-written ${(median(a) / median(b)).toFixed(3)}`);
+  console.log(`  Node CPU per request: middleware ${median(aCpu).toFixed(0)} us, hand-written ${median(bCpu).toFixed(0)} us, ` +
+    `ratio ${(median(aCpu) / median(bCpu)).toFixed(3)}`);
   console.log(`  replay, same-transaction mode: ${txReplay.count} statements (BEGIN, claim; ROLLBACK after the answer), status ${txReplay.status}`);
   console.log(`  replay, lease mode: ${leaseReplay.count} statement (the claim), status ${leaseReplay.status}`);
   for (const s of [withMiddleware, byHand, lease]) s.server.close();
