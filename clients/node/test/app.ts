@@ -37,7 +37,7 @@ export function buildApp(store: IdempotencyStore, options: AppOptions = {}) {
   const app = express();
   app.use(express.json());
 
-  app.post('/orders', idempotent(store, { required: true, replayHeaders: ['content-type', 'location', 'x-order-token'] }), async (req, res) => {
+  const createOrder = async (req: Request, res: Response) => {
     const ctx = req.idempotency!;
     const { rows } = await ctx.client!.query('INSERT INTO orders (idem_key, item) VALUES ($1, $2) RETURNING id', [
       ctx.key,
@@ -52,7 +52,11 @@ export function buildApp(store: IdempotencyStore, options: AppOptions = {}) {
       // key order and spacing that jsonb would not keep: the replay must still be byte-exact
       .type('application/json')
       .send(`{"z": 1,  "id": ${rows[0].id}, "token": "${randomUUID()}", "a": [1.50, "é\\u00e9"]}`);
-  });
+  };
+  const replayHeaders = ['content-type', 'location', 'x-order-token'];
+  app.post('/orders', idempotent(store, { required: true, replayHeaders }), createOrder);
+  // under REPEATABLE READ a duplicate that waited for the first claim's commit gets 40001: retried
+  app.post('/orders-rr', idempotent(store, { required: true, replayHeaders, isolationLevel: 'REPEATABLE READ' }), createOrder);
 
   app.post(
     '/payments',

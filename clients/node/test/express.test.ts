@@ -60,6 +60,18 @@ describe('express: same-transaction mode', () => {
     assert.equal(await countRows('orders', key), 1);
   });
 
+  test('REPEATABLE READ: the duplicates\' 40001 is retried; none of 32 concurrent requests gets 503', async () => {
+    const key = uniqueKey('burst-rr');
+    const responses = await Promise.all(
+      Array.from({ length: 32 }, () => post(`${server.url}/orders-rr`, key, { item: 'book' })),
+    );
+    const statuses = responses.map((r) => r.status);
+    assert.ok(statuses.every((s) => s === 201 || s === 409), statuses.join(','));
+    assert.equal(responses.filter((r) => r.status === 201 && r.headers.get('idempotent-replayed') === null).length, 1);
+    assert.ok(responses.some((r) => r.headers.get('idempotent-replayed') === 'true'), 'waiters replayed after their retry');
+    assert.equal(await countRows('orders', key), 1);
+  });
+
   test('byte-exact replay of status, chosen headers and body', async () => {
     const key = uniqueKey('exact');
     const first = await post(`${server.url}/orders`, key, { item: 'pen' });
