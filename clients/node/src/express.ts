@@ -27,7 +27,7 @@ export function idempotent(store: IdempotencyStore, options: ExpressIdempotencyO
   return (req: Request, res: Response, next: NextFunction) => {
     const route = req.route?.path === undefined ? req.path : `${req.baseUrl}${String(req.route.path)}`;
     http
-      .begin({ method: req.method, route, tenant: options.tenant?.(req), headers: req.headers, body: req.body })
+      .begin({ method: req.method, route, tenant: options.tenant?.(req), headers: req.headers, rawHeaders: req.rawHeaders, body: req.body })
       .then((decision) => {
         if (decision.kind === 'pass') return next();
         if (decision.kind === 'respond') return send(res, decision.response);

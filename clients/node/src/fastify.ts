@@ -44,6 +44,7 @@ export const fastifyIdempotency: FastifyPluginAsync<FastifyIdempotencyOptions> =
         route: scopeRoute,
         tenant: tenant?.(request),
         headers: request.headers,
+        rawHeaders: request.raw.rawHeaders,
         body: request.body,
       });
       if (decision.kind === 'pass') return;

@@ -71,6 +71,8 @@ export interface RequestInput {
   route: string;
   tenant?: string;
   headers: IncomingHttpHeaders;
+  /** node's raw header list: Node joins a repeated header into one value, this shows the repeat. */
+  rawHeaders: string[];
   /** The parsed body (JSON value), a string or a Buffer, or undefined. */
   body: unknown;
 }
@@ -105,11 +107,13 @@ export class HttpIdempotency {
 
   async begin(input: RequestInput): Promise<Decision> {
     const o = this.options;
-    const raw = input.headers[o.headerName ?? 'idempotency-key'];
+    const headerName = o.headerName ?? 'idempotency-key';
+    const raw = input.headers[headerName];
     if (raw === undefined) {
       return o.required ? respond(problem(400, 'the Idempotency-Key header is required')) : { kind: 'pass' };
     }
-    const key = Array.isArray(raw) ? undefined : raw;
+    const repeated = input.rawHeaders.filter((name, i) => i % 2 === 0 && name.toLowerCase() === headerName).length > 1;
+    const key = Array.isArray(raw) || repeated ? undefined : raw;
     const keyProblem = checkKey(key, o.maxKeyLength ?? 255);
     if (keyProblem) return respond(problem(400, keyProblem));
     let request: unknown;

@@ -334,15 +334,21 @@ describe('runWithLease', () => {
       assert.equal(await db.store.lookup(db.pool, { key }), null, 'nothing was claimed');
       return;
     }
-    const job = runWithLease(db.store, { key, lease: 500, heartbeatMs: 100 }, async ({ signal }) => {
-      await sleep(2000);
+    let finishJob!: () => void;
+    const jobMayFinish = new Promise<void>((resolve) => (finishJob = resolve));
+    const job = runWithLease(db.store, { key, lease: 1500, heartbeatMs: 300 }, async ({ signal }) => {
+      await jobMayFinish;
       return { response: { aborted: signal.aborted } };
     });
-    for (let i = 0; i < 6; i++) {
-      await sleep(300);
+    // three leases long, the key stays in progress: without the heartbeat the second check would take it over
+    await eventually(async () => (await db.store.lookup(db.pool, { key })) !== null, 'the claim');
+    const started = Date.now();
+    for (let i = 0; Date.now() - started < 4500; i++) {
+      await sleep(500);
       const busy = await db.store.claim(db.pool, { key });
       assert.equal(busy.outcome, 'in_progress', `check ${i}: the lease must still be live`);
     }
+    finishJob();
     const done = await job;
     assert.equal(done.outcome, 'executed');
     assert.equal((await db.store.lookup(db.pool, { key }))?.state, 'succeeded');

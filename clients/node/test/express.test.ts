@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
+import http from 'node:http';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { buildApp, listen } from './app';
@@ -120,7 +121,18 @@ describe('express: same-transaction mode', () => {
       // fetch itself refuses non-Latin-1 header values; the others reach the server and get 400
       if (response instanceof Response) assert.equal(response.status, 400, JSON.stringify(key));
     }
-    const { rows } = await db.pool.query("SELECT count(*)::int AS n FROM orders WHERE idem_key = '' OR length(idem_key) > 255");
+    // a repeated header, which Node would join into one value "a, b"
+    const twice = await new Promise<number>((resolve, reject) => {
+      const req = http.request(`${server.url}/orders`, { method: 'POST', headers: [
+        'content-type', 'application/json', 'idempotency-key', 'twice-a', 'idempotency-key', 'twice-b'] }, (res) => {
+        res.resume();
+        resolve(res.statusCode ?? 0);
+      });
+      req.on('error', reject);
+      req.end('{"item":"x"}');
+    });
+    assert.equal(twice, 400);
+    const { rows } = await db.pool.query("SELECT count(*)::int AS n FROM orders WHERE idem_key = '' OR length(idem_key) > 255 OR idem_key LIKE 'twice%'");
     assert.equal(rows[0].n, 0);
   });
 
@@ -197,7 +209,7 @@ describe('express: lease mode', () => {
   });
 
   test('heartbeat keeps a long job alive (1.2), or names version 1.2 (1.1)', async () => {
-    const app = buildApp(db.store, { leaseMs: 500, heartbeatMs: 100 });
+    const app = buildApp(db.store, { leaseMs: 1000, heartbeatMs: 200 });
     const local = await listen(app);
     try {
       const key = uniqueKey('lease-heartbeat');
@@ -207,10 +219,11 @@ describe('express: lease mode', () => {
         assert.equal(await lookupIn('/payments', key), null);
         return;
       }
-      const job = post(`${local.url}/payments`, key, { amount: 1 }, { hangMs: 2000 });
+      // the handler runs 8 s; the checks span 3 leases and end well before it
+      const job = post(`${local.url}/payments`, key, { amount: 1 }, { hangMs: 8000 });
       await eventually(async () => (await lookupIn('/payments', key)) !== null, 'the claim');
       for (let i = 0; i < 5; i++) {
-        await sleep(300);
+        await sleep(600);
         assert.equal((await post(`${local.url}/payments`, key, { amount: 1 })).status, 409);
       }
       assert.equal((await job).status, 201);
