@@ -1,0 +1,348 @@
+import type { Pool, PoolClient, QueryResultRow } from 'pg';
+import {
+  IdempotencyError,
+  OpenTransactionError,
+  UnsupportedVersionError,
+  translateError,
+} from './errors';
+
+/** Something that runs a query: the pool (autocommit) or a checked-out client. */
+export type Queryable = Pick<Pool, 'query'> | PoolClient;
+
+/** A duration: milliseconds, or PostgreSQL interval text such as `'30 seconds'`. */
+export type Duration = number | string;
+
+export type KeyState = 'pending' | 'succeeded' | 'failed';
+export type ClaimOutcome = 'claimed' | 'replay' | 'in_progress';
+
+export interface ClaimOptions {
+  key: string;
+  /** `''` when omitted. */
+  scope?: string;
+  /** The request, fingerprinted by the server (SHA-256 of the scope and the canonical jsonb). */
+  request?: unknown;
+  /** A fingerprint you computed yourself (1..64 bytes); wins over `request`. */
+  fingerprint?: Buffer;
+  ttl?: Duration;
+  lease?: Duration;
+  /** 1.2: wait at most this long for an in-flight owner of the key before answering in_progress. */
+  wait?: Duration;
+}
+
+export interface ClaimResult {
+  outcome: ClaimOutcome;
+  inserted: boolean;
+  /** The fencing token; null only for a 1.2 in_progress on a not yet committed claim. */
+  attempt: number | null;
+  state: KeyState | null;
+  response: unknown;
+  responseCode: number | null;
+  /** 1.2: the stored bytes (idem_complete's `body`). */
+  responseBody: Buffer | null;
+  /** 1.2: the stored response headers. */
+  responseHeaders: Record<string, string | string[]> | null;
+  /** in_progress: time until the owner's lease ends, in milliseconds. */
+  retryAfterMs: number | null;
+  /** in_progress: whole seconds for an HTTP Retry-After header (retry_after_s in 1.2). */
+  retryAfterSeconds: number | null;
+  expiresAt: Date | null;
+}
+
+export interface FinishOptions {
+  key: string;
+  scope?: string;
+  /** The attempt you were given by the claim (lease mode); fences off a stale worker (IK002). */
+  attempt?: number;
+  response?: unknown;
+  responseCode?: number;
+  /** 1.2: how long to keep the result, counted from now. */
+  ttl?: Duration;
+  /** 1.2: the exact response bytes to replay. */
+  body?: Buffer | string;
+  /** 1.2: the response headers to replay. */
+  headers?: Record<string, string | string[]>;
+}
+
+export interface FailOptions extends FinishOptions {
+  /** May a later claim take the key over (default true). */
+  retryable?: boolean;
+}
+
+export interface LeaseOptions {
+  key: string;
+  scope?: string;
+  attempt: number;
+}
+
+/** A row of idem_keys, as idem_complete, idem_fail, idem_extend and idem_lookup return it. */
+export interface KeyRow {
+  scope: string;
+  key: string;
+  state: KeyState;
+  attempt: number;
+  response: unknown;
+  responseCode: number | null;
+  retryable: boolean | null;
+  createdAt: Date;
+  lockedUntil: Date | null;
+  completedAt: Date | null;
+  expiresAt: Date;
+}
+
+export interface StoreOptions {
+  /** Prefix of the prepared statements' names (one set per store on each connection). */
+  statementPrefix?: string;
+}
+
+interface Installed {
+  version: string;
+  /** Quoted schema of the extension: calls never depend on search_path. */
+  schema: string;
+  hasV12: boolean;
+}
+
+const V12 = '1.2';
+
+/**
+ * The extension's SQL API, typed: each method is one statement. Reads the installed version once
+ * (`pg_extension.extversion`); features of 1.2 on a 1.1 database raise UnsupportedVersionError.
+ */
+export class IdempotencyStore {
+  readonly pool: Pool;
+  private installed: Promise<Installed> | undefined;
+  private readonly prefix: string;
+
+  constructor(pool: Pool, options: StoreOptions = {}) {
+    this.pool = pool;
+    this.prefix = options.statementPrefix ?? 'idem';
+  }
+
+  /** The installed extension version, e.g. "1.1". */
+  async version(): Promise<string> {
+    return (await this.extension()).version;
+  }
+
+  /** Whether the database has 1.2's functions (idem_extend, idem_release, wait, body, headers). */
+  async supportsV12(): Promise<boolean> {
+    return (await this.extension()).hasV12;
+  }
+
+  async claim(db: Queryable, options: ClaimOptions): Promise<ClaimResult> {
+    const ext = await this.extension();
+    if (options.wait !== undefined) this.require(ext, 'the claim option "wait"');
+    const params: unknown[] = [
+      options.key,
+      options.request === undefined ? null : jsonParam(options.request),
+      options.scope ?? '',
+      intervalParam(options.ttl),
+      intervalParam(options.lease),
+      options.fingerprint ?? null,
+    ];
+    let text: string;
+    if (ext.hasV12) {
+      params.push(intervalParam(options.wait));
+      text =
+        `SELECT c.outcome::text AS outcome, c.inserted, c.attempt, c.state::text AS state, c.response,
+                c.response_code, c.response_body, c.response_headers, c.retry_after_s,
+                (extract(epoch FROM c.retry_after) * 1000)::float8 AS retry_after_ms, c.expires_at
+           FROM ${ext.schema}.idem_claim($1, request => $2::jsonb, scope => $3, ttl => $4::interval,
+                lease => $5::interval, fingerprint => $6::bytea, wait => $7::interval) AS c`;
+    } else {
+      text =
+        `SELECT c.outcome::text AS outcome, c.inserted, c.attempt, c.state::text AS state, c.response,
+                c.response_code, NULL::bytea AS response_body, NULL::jsonb AS response_headers,
+                NULL::integer AS retry_after_s,
+                (extract(epoch FROM c.retry_after) * 1000)::float8 AS retry_after_ms, c.expires_at
+           FROM ${ext.schema}.idem_claim($1, request => $2::jsonb, scope => $3, ttl => $4::interval,
+                lease => $5::interval, fingerprint => $6::bytea) AS c`;
+    }
+    const row = await this.one(db, 'claim', text, params);
+    const retryAfterMs = row.retry_after_ms as number | null;
+    return {
+      outcome: row.outcome as ClaimOutcome,
+      inserted: row.inserted as boolean,
+      attempt: row.attempt as number | null,
+      state: row.state as KeyState | null,
+      response: row.response,
+      responseCode: row.response_code as number | null,
+      responseBody: row.response_body as Buffer | null,
+      responseHeaders: row.response_headers as Record<string, string | string[]> | null,
+      retryAfterMs,
+      retryAfterSeconds:
+        (row.retry_after_s as number | null) ??
+        (retryAfterMs === null ? null : Math.max(1, Math.ceil(retryAfterMs / 1000))),
+      expiresAt: row.expires_at as Date | null,
+    };
+  }
+
+  async complete(db: Queryable, options: FinishOptions): Promise<KeyRow> {
+    return this.finish(db, 'complete', options);
+  }
+
+  async fail(db: Queryable, options: FailOptions): Promise<KeyRow> {
+    return this.finish(db, 'fail', options);
+  }
+
+  /** 1.2: heartbeat of the owner (`locked_until = now + lease`). */
+  async extend(db: Queryable, options: LeaseOptions & { lease: Duration }): Promise<KeyRow> {
+    const ext = await this.extension();
+    this.require(ext, 'idem_extend (lease heartbeat)');
+    const row = await this.one(
+      db,
+      'extend',
+      `SELECT * FROM ${ext.schema}.idem_extend($1, attempt => $2, lease => $3::interval, scope => $4)`,
+      [options.key, options.attempt, intervalParam(options.lease), options.scope ?? ''],
+    );
+    return keyRow(row);
+  }
+
+  /** 1.2: the owner gives the key up without a result; the next claim takes it over at once. */
+  async release(db: Queryable, options: LeaseOptions): Promise<KeyRow> {
+    const ext = await this.extension();
+    this.require(ext, 'idem_release');
+    const row = await this.one(
+      db,
+      'release',
+      `SELECT * FROM ${ext.schema}.idem_release($1, attempt => $2, scope => $3)`,
+      [options.key, options.attempt, options.scope ?? ''],
+    );
+    return keyRow(row);
+  }
+
+  /** The committed row, or null (idem_lookup's row of NULLs becomes null). */
+  async lookup(db: Queryable, options: { key: string; scope?: string }): Promise<KeyRow | null> {
+    const ext = await this.extension();
+    const row = await this.one(db, 'lookup', `SELECT * FROM ${ext.schema}.idem_lookup($1, scope => $2)`, [
+      options.key,
+      options.scope ?? '',
+    ]);
+    return row.key === null ? null : keyRow(row);
+  }
+
+  /** Throws OpenTransactionError when `client` is inside a transaction block (lease mode needs autocommit). */
+  assertAutocommit(client: PoolClient): void {
+    const status = (client as { getTransactionStatus?: () => string | null }).getTransactionStatus?.();
+    if (status === undefined) {
+      throw new OpenTransactionError('lease mode cannot check the transaction status: pg 8.23 or later is required', 500);
+    }
+    if (status === 'T' || status === 'E') {
+      throw new OpenTransactionError(
+        'lease mode claims in autocommit: the connection has an open transaction ' +
+          '(duplicates would wait on the row instead of getting in_progress)',
+        500,
+      );
+    }
+  }
+
+  private async finish(db: Queryable, fn: 'complete' | 'fail', options: FailOptions): Promise<KeyRow> {
+    const ext = await this.extension();
+    const v12Only = options.ttl !== undefined || options.body !== undefined || options.headers !== undefined;
+    if (v12Only && !ext.hasV12) this.require(ext, `idem_${fn} with ttl, body or headers`);
+    const params: unknown[] = [
+      options.key,
+      options.response === undefined || options.response === null ? null : jsonParam(options.response),
+      options.responseCode ?? (fn === 'complete' ? 200 : 500),
+      options.scope ?? '',
+      options.attempt ?? null,
+    ];
+    let extra = '';
+    if (fn === 'fail') {
+      params.push(options.retryable ?? true);
+      extra += `, retryable => $${params.length}`;
+    }
+    if (ext.hasV12) {
+      params.push(
+        intervalParam(options.ttl),
+        options.body === undefined ? null : Buffer.from(options.body),
+        options.headers === undefined ? null : jsonParam(options.headers),
+      );
+      const n = params.length;
+      extra += `, ttl => $${n - 2}::interval, body => $${n - 1}::bytea, headers => $${n}::jsonb`;
+    }
+    const row = await this.one(
+      db,
+      fn,
+      `SELECT * FROM ${ext.schema}.idem_${fn}($1, $2::jsonb, $3, scope => $4, attempt => $5${extra})`,
+      params,
+    );
+    return keyRow(row);
+  }
+
+  private require(ext: Installed, feature: string): void {
+    if (!ext.hasV12) throw new UnsupportedVersionError(feature, V12, ext.version);
+  }
+
+  private extension(): Promise<Installed> {
+    if (!this.installed) {
+      this.installed = this.pool
+        .query(
+          `SELECT e.extversion, quote_ident(n.nspname) AS schema
+             FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+            WHERE e.extname = 'idempotency'`,
+        )
+        .then((result) => {
+          const row = result.rows[0];
+          if (!row) {
+            throw new IdempotencyError('the idempotency extension is not installed in this database', 500);
+          }
+          return {
+            version: row.extversion as string,
+            schema: row.schema as string,
+            hasV12: compareVersions(row.extversion as string, V12) >= 0,
+          };
+        });
+      // a failed look-up (database down) is tried again on the next call
+      this.installed.catch(() => {
+        this.installed = undefined;
+      });
+    }
+    return this.installed;
+  }
+
+  private async one(db: Queryable, what: string, text: string, values: unknown[]): Promise<QueryResultRow> {
+    try {
+      const result = await db.query({ name: `${this.prefix}_${what}_${values.length}`, text, values });
+      return result.rows[0];
+    } catch (err) {
+      throw translateError(err);
+    }
+  }
+}
+
+function compareVersions(a: string, b: string): number {
+  const pa = a.split('.').map(Number);
+  const pb = b.split('.').map(Number);
+  for (let i = 0; i < Math.max(pa.length, pb.length); i++) {
+    const d = (pa[i] ?? 0) - (pb[i] ?? 0);
+    if (d !== 0) return d;
+  }
+  return 0;
+}
+
+/** JSON text for a jsonb parameter (pg would turn a JS array into a PostgreSQL array literal). */
+function jsonParam(value: unknown): string {
+  return JSON.stringify(value);
+}
+
+function intervalParam(value: Duration | undefined): string | null {
+  if (value === undefined) return null;
+  if (typeof value === 'string') return value;
+  if (!Number.isFinite(value)) throw new TypeError(`a duration must be a finite number of milliseconds, not ${value}`);
+  return `${value} milliseconds`;
+}
+
+function keyRow(row: QueryResultRow): KeyRow {
+  return {
+    scope: row.scope,
+    key: row.key,
+    state: row.state,
+    attempt: row.attempt,
+    response: row.response,
+    responseCode: row.response_code,
+    retryable: row.retryable,
+    createdAt: row.created_at,
+    lockedUntil: row.locked_until,
+    completedAt: row.completed_at,
+    expiresAt: row.expires_at,
+  };
+}

@@ -1,0 +1,396 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { Pool } from 'pg';
+import {
+  IdempotencyStore,
+  InvalidArgumentError,
+  KeyMismatchError,
+  KeyNotFoundError,
+  KeyNotPendingError,
+  OpenTransactionError,
+  ReadOnlyError,
+  StaleAttemptError,
+  TransientError,
+  UnsupportedVersionError,
+  runInTransaction,
+  runWithLease,
+} from '../src';
+import { createTestDatabase, eventually, extensionVersion, isV12, sleep, uniqueKey, type TestDatabase } from './helpers';
+
+let db: TestDatabase;
+before(async () => {
+  db = await createTestDatabase('core');
+});
+after(async () => {
+  await db.close();
+});
+
+describe('store', () => {
+  test('reads the installed version and the extension schema', async () => {
+    assert.equal(await db.store.version(), extensionVersion);
+    assert.equal(await db.store.supportsV12(), isV12);
+  });
+
+  test('claim, complete, replay: typed columns read as a row', async () => {
+    const key = uniqueKey('typed');
+    const first = await db.store.claim(db.pool, { key, request: { amount: 100, items: [1, 2] }, scope: 'POST /x' });
+    assert.equal(first.outcome, 'claimed');
+    assert.equal(first.inserted, true);
+    assert.equal(first.attempt, 1);
+    assert.equal(first.state, 'pending');
+    assert.ok(first.expiresAt instanceof Date);
+    const row = await db.store.complete(db.pool, { key, scope: 'POST /x', response: { ok: [1, 2] }, responseCode: 201, attempt: 1 });
+    assert.equal(row.state, 'succeeded');
+    assert.equal(row.responseCode, 201);
+    const again = await db.store.claim(db.pool, { key, request: { items: [1, 2], amount: 100 }, scope: 'POST /x' });
+    assert.equal(again.outcome, 'replay');
+    assert.equal(again.inserted, false);
+    assert.deepEqual(again.response, { ok: [1, 2] });
+    assert.equal(again.responseCode, 201);
+    assert.equal(again.state, 'succeeded');
+  });
+
+  test('in_progress carries retry_after in milliseconds and whole seconds', async () => {
+    const key = uniqueKey('busy');
+    await db.store.claim(db.pool, { key, lease: 30_000 });
+    const busy = await db.store.claim(db.pool, { key });
+    assert.equal(busy.outcome, 'in_progress');
+    assert.ok(busy.retryAfterMs! > 0 && busy.retryAfterMs! <= 30_000);
+    assert.ok(busy.retryAfterSeconds! >= 1 && busy.retryAfterSeconds! <= 30);
+    assert.equal(busy.attempt, 1);
+  });
+
+  test('lookup gives null for a missing key, the row otherwise', async () => {
+    const key = uniqueKey('lookup');
+    assert.equal(await db.store.lookup(db.pool, { key }), null);
+    await db.store.claim(db.pool, { key });
+    const row = await db.store.lookup(db.pool, { key });
+    assert.equal(row?.state, 'pending');
+    assert.equal(row?.attempt, 1);
+  });
+});
+
+describe('typed errors', () => {
+  test('IK001 mismatch → KeyMismatchError (422)', async () => {
+    const key = uniqueKey('mismatch');
+    await db.store.claim(db.pool, { key, request: { a: 1 } });
+    const err = await db.store.claim(db.pool, { key, request: { a: 2 } }).catch((e: unknown) => e);
+    assert.ok(err instanceof KeyMismatchError);
+    assert.equal(err.sqlstate, 'IK001');
+    assert.equal(err.httpStatus, 422);
+  });
+
+  test('IK002 stale attempt, IK003 not found, IK004 not pending', async () => {
+    const key = uniqueKey('fence');
+    await db.store.claim(db.pool, { key, lease: 1 });
+    await sleep(20);
+    const takeover = await db.store.claim(db.pool, { key, lease: 60_000 });
+    assert.equal(takeover.attempt, 2);
+    const stale = await db.store.complete(db.pool, { key, attempt: 1, response: {} }).catch((e: unknown) => e);
+    assert.ok(stale instanceof StaleAttemptError);
+    assert.equal(stale.sqlstate, 'IK002');
+    await db.store.complete(db.pool, { key, attempt: 2, response: {} });
+    const done = await db.store.fail(db.pool, { key, attempt: 2 }).catch((e: unknown) => e);
+    assert.ok(done instanceof KeyNotPendingError);
+    assert.equal(done.sqlstate, 'IK004');
+    const missing = await db.store.complete(db.pool, { key: uniqueKey('none'), response: {} }).catch((e: unknown) => e);
+    assert.ok(missing instanceof KeyNotFoundError);
+    assert.equal(missing.httpStatus, 404);
+  });
+
+  test('22023, 22004, 22P02, 22P05 → InvalidArgumentError (400), nothing written', async () => {
+    const bad = await db.store.claim(db.pool, { key: 'tab\there' }).catch((e: unknown) => e);
+    assert.ok(bad instanceof InvalidArgumentError);
+    assert.equal(bad.sqlstate, '22023');
+    assert.match(bad.message, /"key"/);
+    const pendingKey = uniqueKey('n');
+    await db.store.claim(db.pool, { key: pendingKey });
+    // 1.1: idem_complete needs a response; 1.2: idem_extend needs an attempt
+    const nullArgument = await (isV12
+      ? db.store.extend(db.pool, { key: pendingKey, attempt: null as unknown as number, lease: 1000 })
+      : db.store.complete(db.pool, { key: pendingKey })
+    ).catch((e: unknown) => e);
+    assert.ok(nullArgument instanceof InvalidArgumentError, String(nullArgument));
+    assert.equal(nullArgument.sqlstate, '22004');
+    assert.equal((await db.store.lookup(db.pool, { key: pendingKey }))?.state, 'pending');
+    const badInterval = await db.store.claim(db.pool, { key: uniqueKey('i'), lease: 'soon' }).catch((e: unknown) => e);
+    assert.ok(badInterval instanceof Error);
+    const nul = await db.store.claim(db.pool, { key: uniqueKey('nul'), request: { a: 'x\u0000y' } }).catch((e: unknown) => e);
+    assert.ok(nul instanceof InvalidArgumentError);
+    assert.equal(nul.sqlstate, '22P05');
+    const surrogate = await db.store.claim(db.pool, { key: uniqueKey('sur'), request: { a: '\ud800' } }).catch((e: unknown) => e);
+    assert.ok(surrogate instanceof InvalidArgumentError);
+    assert.equal(surrogate.sqlstate, '22P02');
+    const { rows } = await db.pool.query("SELECT count(*)::int AS n FROM idem_keys WHERE key LIKE 'nul-%' OR key LIKE 'sur-%'");
+    assert.equal(rows[0].n, 0);
+  });
+
+  test('25006 in a read-only transaction → ReadOnlyError (503)', async () => {
+    const client = await db.pool.connect();
+    try {
+      await client.query('BEGIN READ ONLY');
+      const err = await db.store.claim(client, { key: uniqueKey('ro') }).catch((e: unknown) => e);
+      assert.ok(err instanceof ReadOnlyError);
+      assert.equal(err.httpStatus, 503);
+    } finally {
+      await client.query('ROLLBACK');
+      client.release();
+    }
+  });
+
+  test('40001 under REPEATABLE READ → TransientError', async () => {
+    const key = uniqueKey('rr');
+    const client = await db.pool.connect();
+    try {
+      await client.query('BEGIN ISOLATION LEVEL REPEATABLE READ');
+      await client.query('SELECT 1'); // take the snapshot
+      await db.store.claim(db.pool, { key }); // committed after the snapshot
+      const err = await db.store.claim(client, { key }).catch((e: unknown) => e);
+      assert.ok(err instanceof TransientError);
+      assert.equal(err.sqlstate, '40001');
+    } finally {
+      await client.query('ROLLBACK');
+      client.release();
+    }
+  });
+
+  test('55P03 lock_timeout and 57014 statement_timeout while waiting → TransientError', async () => {
+    const key = uniqueKey('lock');
+    const owner = await db.pool.connect();
+    const waiter = await db.pool.connect();
+    try {
+      await owner.query('BEGIN');
+      await db.store.claim(owner, { key });
+      for (const [setting, sqlstate] of [
+        ['lock_timeout', '55P03'],
+        ['statement_timeout', '57014'],
+      ] as const) {
+        await waiter.query('BEGIN');
+        await waiter.query(`SET LOCAL ${setting} = '100ms'`);
+        const err = await db.store.claim(waiter, { key }).catch((e: unknown) => e);
+        await waiter.query('ROLLBACK');
+        assert.ok(err instanceof TransientError, `${setting}: ${String(err)}`);
+        assert.equal(err.sqlstate, sqlstate);
+      }
+    } finally {
+      await owner.query('ROLLBACK');
+      owner.release();
+      waiter.release();
+    }
+  });
+
+  test('40P01 deadlock between two same-transaction claims → TransientError', async () => {
+    const [a, b] = [uniqueKey('dl-a'), uniqueKey('dl-b')];
+    const one = await db.pool.connect();
+    const two = await db.pool.connect();
+    try {
+      await one.query('BEGIN');
+      await two.query('BEGIN');
+      await db.store.claim(one, { key: a });
+      await db.store.claim(two, { key: b });
+      const results = await Promise.allSettled([db.store.claim(one, { key: b }), db.store.claim(two, { key: a })]);
+      const rejected = results.filter((r): r is PromiseRejectedResult => r.status === 'rejected');
+      assert.equal(rejected.length, 1);
+      assert.ok(rejected[0].reason instanceof TransientError);
+      assert.equal(rejected[0].reason.sqlstate, '40P01');
+    } finally {
+      await one.query('ROLLBACK');
+      await two.query('ROLLBACK');
+      one.release();
+      two.release();
+    }
+  });
+});
+
+describe('runInTransaction', () => {
+  test('the handler runs once; the business row and the key commit together', async () => {
+    const key = uniqueKey('tx');
+    let runs = 0;
+    const handler = async (client: import('pg').PoolClient) => {
+      runs++;
+      const { rows } = await client.query('INSERT INTO orders (idem_key) VALUES ($1) RETURNING id', [key]);
+      return { response: { orderId: Number(rows[0].id) }, responseCode: 201 };
+    };
+    const first = await runInTransaction(db.store, { key, request: { n: 1 } }, handler);
+    assert.equal(first.outcome, 'executed');
+    const second = await runInTransaction(db.store, { key, request: { n: 1 } }, handler);
+    assert.equal(second.outcome, 'replay');
+    assert.equal(runs, 1);
+    if (first.outcome === 'executed' && second.outcome === 'replay') {
+      assert.deepEqual(second.claim.response, first.result.response);
+    }
+    const { rows } = await db.pool.query('SELECT count(*)::int AS n FROM orders WHERE idem_key = $1', [key]);
+    assert.equal(rows[0].n, 1);
+  });
+
+  test('a thrown error rolls back the row and the key (retryable by default)', async () => {
+    const key = uniqueKey('tx-throw');
+    await assert.rejects(
+      runInTransaction(db.store, { key }, async (client) => {
+        await client.query('INSERT INTO orders (idem_key) VALUES ($1)', [key]);
+        throw new Error('boom');
+      }),
+      /boom/,
+    );
+    assert.equal(await db.store.lookup(db.pool, { key }), null);
+    const { rows } = await db.pool.query('SELECT count(*)::int AS n FROM orders WHERE idem_key = $1', [key]);
+    assert.equal(rows[0].n, 0);
+    const retry = await runInTransaction(db.store, { key }, async () => ({ response: { ok: true } }));
+    assert.equal(retry.outcome, 'executed');
+  });
+
+  test('a terminal failure by policy is stored and replayed', async () => {
+    const key = uniqueKey('tx-terminal');
+    const onFailure = () => ({ retryable: false, response: { error: 'declined' }, responseCode: 402 });
+    await assert.rejects(runInTransaction(db.store, { key, onFailure }, async () => { throw new Error('declined'); }));
+    const replay = await runInTransaction(db.store, { key, onFailure }, async () => ({ response: {} }));
+    assert.equal(replay.outcome, 'replay');
+    if (replay.outcome === 'replay') {
+      assert.equal(replay.claim.state, 'failed');
+      assert.equal(replay.claim.responseCode, 402);
+      assert.deepEqual(replay.claim.response, { error: 'declined' });
+    }
+  });
+
+  test('40001 is retried a bounded number of times', async () => {
+    await db.pool.query("INSERT INTO orders (id, idem_key) VALUES (-1, 'shared') ON CONFLICT (id) DO NOTHING");
+    const key2 = uniqueKey('tx-40001b');
+    let attempts = 0;
+    const outcome = await runInTransaction(db.store, { key: key2, isolationLevel: 'REPEATABLE READ', maxRetries: 2 }, async (client) => {
+      attempts++;
+      if (attempts === 1) {
+        // a concurrent committed write of a row this transaction also writes: a real 40001
+        await client.query('SELECT count(*) FROM orders');
+        await db.pool.query('UPDATE orders SET idem_key = $1 WHERE id = -1', [key2]);
+        await client.query('UPDATE orders SET item = $1 WHERE id = -1', ['x']);
+      }
+      return { response: { attempts } };
+    });
+    assert.equal(outcome.outcome, 'executed');
+    assert.equal(attempts, 2);
+    let always = 0;
+    await assert.rejects(
+      runInTransaction(db.store, { key: uniqueKey('tx-40001c'), isolationLevel: 'REPEATABLE READ', maxRetries: 2 }, async (client) => {
+        always++;
+        await client.query('SELECT count(*) FROM orders');
+        await db.pool.query('UPDATE orders SET item = $1 WHERE id = -1', [String(always)]);
+        await client.query('UPDATE orders SET item = $1 WHERE id = -1', ['y']);
+        return {};
+      }),
+      (err: unknown) => err instanceof TransientError && err.sqlstate === '40001',
+    );
+    assert.equal(always, 3);
+  });
+});
+
+describe('runWithLease', () => {
+  test('refuses a client inside an open transaction', async () => {
+    const client = await db.pool.connect();
+    try {
+      await client.query('BEGIN');
+      await assert.rejects(
+        runWithLease(db.store, { key: uniqueKey('open'), lease: 1000, client }, async () => ({})),
+        OpenTransactionError,
+      );
+    } finally {
+      await client.query('ROLLBACK');
+      client.release();
+    }
+  });
+
+  test('a stale worker gets StaleAttemptError, never success; the new owner wins', async () => {
+    const key = uniqueKey('lease-stale');
+    const stale = runWithLease(db.store, { key, lease: 200, heartbeatMs: false }, async ({ attempt }) => {
+      await eventually(async () => (await db.store.lookup(db.pool, { key }))?.attempt === 2, 'the takeover');
+      return { response: { by: attempt } };
+    });
+    await sleep(300);
+    const fresh = await runWithLease(db.store, { key, lease: 60_000, heartbeatMs: false }, async ({ attempt }) => ({
+      response: { by: attempt },
+    }));
+    assert.equal(fresh.outcome, 'executed');
+    await assert.rejects(stale, StaleAttemptError);
+    const row = await db.store.lookup(db.pool, { key });
+    assert.deepEqual(row?.response, { by: 2 });
+  });
+
+  test('a thrown error records a retryable failure; the next claim takes over', async () => {
+    const key = uniqueKey('lease-throw');
+    await assert.rejects(runWithLease(db.store, { key, lease: 60_000 }, async () => { throw new Error('provider down'); }));
+    const row = await db.store.lookup(db.pool, { key });
+    assert.equal(row?.state, 'failed');
+    assert.equal(row?.retryable, true);
+    const retry = await runWithLease(db.store, { key, lease: 60_000 }, async ({ attempt }) => ({ response: { attempt } }));
+    assert.equal(retry.outcome, 'executed');
+    if (retry.outcome === 'executed') assert.equal(retry.attempt, 2);
+  });
+
+  test('heartbeat keeps a long job alive (1.2); on 1.1 asking for it names version 1.2', async () => {
+    const key = uniqueKey('heartbeat');
+    if (!isV12) {
+      const err = await runWithLease(db.store, { key, lease: 500, heartbeatMs: 100 }, async () => ({})).catch((e: unknown) => e);
+      assert.ok(err instanceof UnsupportedVersionError);
+      assert.match(err.message, /version 1\.2/);
+      assert.equal(await db.store.lookup(db.pool, { key }), null, 'nothing was claimed');
+      return;
+    }
+    let finishJob!: () => void;
+    const jobMayFinish = new Promise<void>((resolve) => (finishJob = resolve));
+    const job = runWithLease(db.store, { key, lease: 1500, heartbeatMs: 300 }, async ({ signal }) => {
+      await jobMayFinish;
+      return { response: { aborted: signal.aborted } };
+    });
+    // three leases long, the key stays in progress: without the heartbeat the second check would take it over
+    await eventually(async () => (await db.store.lookup(db.pool, { key })) !== null, 'the claim');
+    const started = Date.now();
+    for (let i = 0; Date.now() - started < 4500; i++) {
+      await sleep(500);
+      const busy = await db.store.claim(db.pool, { key });
+      assert.equal(busy.outcome, 'in_progress', `check ${i}: the lease must still be live`);
+    }
+    finishJob();
+    const done = await job;
+    assert.equal(done.outcome, 'executed');
+    assert.equal((await db.store.lookup(db.pool, { key }))?.state, 'succeeded');
+  });
+});
+
+describe('version gates', () => {
+  test('1.2-only options name version 1.2 on 1.1 and work on 1.2', async () => {
+    const key = uniqueKey('gate');
+    await db.store.claim(db.pool, { key });
+    if (isV12) {
+      const waited = await db.store.claim(db.pool, { key, wait: 0 });
+      assert.equal(waited.outcome, 'in_progress');
+      const row = await db.store.complete(db.pool, { key, body: Buffer.from([0, 1, 2]), headers: { 'content-type': 'x/y' }, ttl: 60_000 });
+      assert.equal(row.state, 'succeeded');
+      const replay = await db.store.claim(db.pool, { key });
+      assert.deepEqual(replay.responseBody, Buffer.from([0, 1, 2]));
+      return;
+    }
+    for (const call of [
+      () => db.store.claim(db.pool, { key, wait: 100 }),
+      () => db.store.complete(db.pool, { key, response: {}, body: 'x' }),
+      () => db.store.extend(db.pool, { key, attempt: 1, lease: 1000 }),
+      () => db.store.release(db.pool, { key, attempt: 1 }),
+    ]) {
+      const err = await call().catch((e: unknown) => e);
+      assert.ok(err instanceof UnsupportedVersionError, String(err));
+      assert.equal(err.requiredVersion, '1.2');
+      assert.equal(err.installedVersion, '1.1');
+    }
+    // the rest still works
+    const row = await db.store.complete(db.pool, { key, response: { ok: 1 } });
+    assert.equal(row.state, 'succeeded');
+  });
+
+  test('a database without the extension gives a clear error', async () => {
+    const pool = new Pool({ database: 'postgres', max: 1 });
+    try {
+      const store = new IdempotencyStore(pool);
+      await assert.rejects(store.claim(pool, { key: 'k' }), /extension is not installed/);
+    } finally {
+      await pool.end();
+    }
+  });
+});
