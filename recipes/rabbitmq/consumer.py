@@ -206,12 +206,20 @@ class Consumer:
 
     def handle(self, deliveries: list[tuple[Any, Any, bytes]]) -> None:
         verdicts: dict[int, str] = {}  # delivery tag -> new / applied / failed / busy / poison
-        messages = []
+        messages: list[Message] = []
+        # A message published twice can arrive twice in one batch: claim its id once (a second
+        # claim in the same transaction would answer "claimed" again) and let the copy share the
+        # first one's verdict.
+        first_of: dict[str, Message] = {}
+        copies: list[Message] = []
         for method, properties, body in deliveries:
             message = parse(method, properties, body)
             if message is None:
                 verdicts[method.delivery_tag] = "poison"
+            elif message.message_id in first_of:
+                copies.append(message)
             else:
+                first_of[message.message_id] = message
                 messages.append(message)
         groups = [messages]
         while groups:
@@ -233,6 +241,12 @@ class Consumer:
                 if error.sqlstate != "IK001":
                     self.dead_letter_record(group[0], error)
                 verdicts[group[0].tag] = "poison"
+        for copy in copies:
+            first = first_of[copy.message_id]
+            if copy.payload != first.payload:  # the id reused for another event: IK001's case
+                verdicts[copy.tag] = "poison"
+            else:
+                verdicts[copy.tag] = {"new": "applied"}.get(verdicts[first.tag], verdicts[first.tag])
 
         self.committed_batches += 1
         if self.committed_batches == self.crash_after_commit:

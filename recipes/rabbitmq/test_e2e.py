@@ -39,6 +39,7 @@ PYTHON = "/usr/bin/python3"
 MESSAGES = int(os.environ.get("MESSAGES", "10000"))
 PORT_BASE = int(os.environ.get("PORT_BASE", "17500"))
 FAIL_EVERY, DUPLICATE_EVERY, POISON_EVERY = 50, 20, 1000
+PRODUCERS = 4
 DEADLINE_S = 360
 
 
@@ -131,20 +132,38 @@ def main() -> int:
         procs = Processes(base, env)
         sql = lambda q: pg.psql("recipe", q)
 
-        # A message that is not even JSON, without a message id: straight to the dead letters.
+        # Before the consumers start: a message that is not even JSON, without a message id
+        # (straight to the dead letters), and one order whose event is published twice in a row
+        # (both copies land in one consumer's batch).
+        twice_id, twice_payload = sql(
+            """WITH o AS (INSERT INTO orders (customer, sku, quantity)
+                          VALUES ('twice', 'sku-1', 2) RETURNING *)
+               INSERT INTO outbox (routing_key, payload, sent_at)
+               SELECT 'order.created', jsonb_build_object('order_id', id, 'customer', customer,
+                                                          'sku', sku, 'quantity', quantity), now()
+                 FROM o
+               RETURNING message_id, payload""").split("|")
         with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
             ch = c.channel()
             topology.declare(ch)
             ch.confirm_delivery()
             ch.basic_publish(topology.EXCHANGE, topology.ROUTING_KEY, b"\x00not json",
                              pika.BasicProperties(delivery_mode=2))
+            for _ in range(2):
+                ch.basic_publish(topology.EXCHANGE, topology.ROUTING_KEY, twice_payload.encode(),
+                                 pika.BasicProperties(delivery_mode=2, message_id=twice_id))
 
         consumer_a, consumer_a_out = procs.start("consumer", "--crash-after-commit", "5")
         consumer_b, consumer_b_out = procs.start("consumer")
         relay, relay_out = procs.start("relay", "--crash-after-publish", "10")
-        producer, producer_out = procs.start(
-            "producer", "--requests", str(MESSAGES), "--fail-every", str(FAIL_EVERY),
-            "--duplicate-every", str(DUPLICATE_EVERY), "--poison-every", str(POISON_EVERY))
+        # Four producers (web workers), each with its own range of idempotency keys.
+        share = MESSAGES // PRODUCERS
+        producers = [procs.start(
+            "producer", "--first", str(1 + k * share),
+            "--requests", str(share if k < PRODUCERS - 1 else MESSAGES - k * share),
+            "--fail-every", str(FAIL_EVERY), "--duplicate-every", str(DUPLICATE_EVERY),
+            "--poison-every", str(POISON_EVERY)) for k in range(PRODUCERS)]
+        producing = lambda: any(p.poll() is None for p, _ in producers)
 
         tap.ok(wait_until(lambda: relay.poll() is not None, 120), "the relay was killed "
                "between publish and mark", relay_out.read_text()[-2000:])
@@ -156,7 +175,7 @@ def main() -> int:
         consumer_a, consumer_a_out = procs.start("consumer")
 
         applied = lambda: int(sql("SELECT count(*) FROM shipments"))
-        wait_until(lambda: applied() >= MESSAGES // 3 or producer.poll() is not None, 240)
+        wait_until(lambda: applied() >= MESSAGES // 3 or not producing(), 240)
         before_restart = applied()
         t = time.monotonic()
         broker.restart()
@@ -165,11 +184,15 @@ def main() -> int:
         tap.ok(before_restart < MESSAGES - MESSAGES // POISON_EVERY,
                "the broker restarted while events were still flowing")
 
-        tap.ok(wait_until(lambda: producer.poll() is not None, DEADLINE_S), "the producer finished",
-               producer_out.read_text()[-2000:])
-        tap.is_(producer.returncode, 0, "the producer's responses and replays were all as stored")
-        produced = last_json(producer_out)
-        note(f"producer: {produced}")
+        tap.ok(wait_until(lambda: not producing(), DEADLINE_S), "the producers finished",
+               "".join(out.read_text()[-1000:] for _, out in producers))
+        tap.is_([p.returncode for p, _ in producers], [0] * PRODUCERS,
+                "the producers' responses and replays were all as stored")
+        produced = {}
+        for _, out in producers:
+            for name, count in last_json(out).items():
+                produced[name] = produced.get(name, 0) + count
+        note(f"producers: {produced}")
         poison = produced["poison"]
 
         # Done when every event is sent, and every event's key is finished in the consumer's scope
@@ -194,12 +217,15 @@ def main() -> int:
 
         # ---- the verdict, from the database
         orders = int(sql("SELECT count(*) FROM orders"))
-        tap.is_(orders, MESSAGES, "one order per request (rolled-back tries and retries wrote none)")
+        tap.is_(orders, MESSAGES + 1,
+                "one order per request (rolled-back tries and retries wrote none)")
         tap.is_(int(sql("SELECT count(*) FROM outbox")), orders, "one outbox event per order")
         tap.is_(int(sql("SELECT count(DISTINCT (payload->>'order_id')) FROM outbox")), orders,
                 "... each for a different order")
         tap.is_(int(sql("SELECT count(*) FROM idem_keys WHERE scope = 'POST /orders' "
-                        "AND state = 'succeeded'")), orders, "every request's key succeeded")
+                        "AND state = 'succeeded'")), MESSAGES, "every request's key succeeded")
+        tap.is_(sql(f"SELECT count(*) FROM shipments WHERE message_id = '{twice_id}'"), "1",
+                "an event delivered twice in one batch was applied once")
         lost = int(sql("""SELECT count(*) FROM outbox o JOIN orders r ON r.id = (o.payload->>'order_id')::bigint
                            WHERE r.quantity > 0
                              AND NOT EXISTS (SELECT FROM shipments s WHERE s.message_id = o.message_id)"""))
