@@ -110,12 +110,23 @@ def reshard(proxy_dsn: str, new_dsns: list[str], server: str = SERVER, lock_time
     current = proxy_partitions(proxy, server)
     finishing = len(current) == 2 * len(new_dsns) and current[len(new_dsns):] == new_dsns
     old_dsns = current[:len(new_dsns)] if finishing else current
-    n_old, n_new = len(old_dsns), 2 * len(old_dsns)
+    n_old = len(old_dsns)
     if len(new_dsns) != n_old:
         raise SystemExit(f"doubling {n_old} partitions needs {n_old} new ones, not {len(new_dsns)}")
 
     old = [psycopg.connect(dsn) for dsn in old_dsns]
     new = [psycopg.connect(dsn) for dsn in new_dsns]
+    try:
+        return _move(proxy, old, new, old_dsns, new_dsns, finishing, server, lock_timeout, log)
+    finally:
+        # closing a connection in a transaction rolls it back: a failed run leaves the old
+        # partitions unlocked and unchanged
+        for c in [proxy] + old + new:
+            c.close()
+
+
+def _move(proxy, old, new, old_dsns, new_dsns, finishing, server, lock_timeout, log) -> dict:
+    n_old, n_new = len(old), 2 * len(old)
     versions = {c.execute("SELECT extversion FROM pg_extension WHERE extname = 'idempotency'").fetchone()
                 for c in old + new}
     if len(versions) != 1 or None in versions:
@@ -124,7 +135,14 @@ def reshard(proxy_dsn: str, new_dsns: list[str], server: str = SERVER, lock_time
         c.commit()
 
     moved = {}
-    if not finishing:
+    if finishing:
+        # the proxy was switched by a run that failed after it: the new partitions must be complete
+        for i, c in enumerate(new):
+            if partition_config(c) != (n_old + i, n_new, True):
+                raise SystemExit(f"partition {n_old + i} is configured as {partition_config(c)} although the"
+                                 " proxy routes to it")
+            c.commit()
+    else:
         # 1. the new partitions exist but accept nothing until their keys are in
         for i, c in enumerate(new):
             c.execute("SELECT idem_partition.configure(%s, %s, false)", [n_old + i, n_new])
@@ -167,8 +185,6 @@ def reshard(proxy_dsn: str, new_dsns: list[str], server: str = SERVER, lock_time
     frozen = time.monotonic() - frozen_at if not finishing else None
     log(f"deleted {sum(deleted.values())} moved keys from partitions {sorted(deleted)}"
         + (f"; writes were frozen for {frozen:.3f} s" if frozen is not None else ""))
-    for c in [proxy] + old + new:
-        c.close()
     return {"moved": moved, "deleted": deleted, "frozen_seconds": frozen}
 
 

@@ -34,3 +34,9 @@ def four(root):
 def two_plus_two(root):
     """2 partitions in service, 2 spare ones for the resharding, + 1 proxy."""
     yield from deployment(root, 2, 2, 18010)
+
+
+@pytest.fixture(scope="module")
+def two_plus_two_again(root):
+    """Another 2 + 2 + 1, for a resharding that fails half-way."""
+    yield from deployment(root, 2, 2, 18020)

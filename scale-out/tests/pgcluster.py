@@ -19,13 +19,13 @@ FIRST_PORT = int(os.environ.get("IDEMPOTENCY_SCALEOUT_PORT", "18000"))
 class Cluster:
     """One PostgreSQL server with a database "idem"."""
 
-    def __init__(self, root: Path, name: str, port: int, template: Path):
+    def __init__(self, root: Path, name: str, port: int, template: Path, conf: str = ""):
         self.name, self.port = name, port
         self.data = root / name
         self.socket_dir = root / "sock"
         shutil.copytree(template, self.data)
-        with open(self.data / "postgresql.conf", "a") as conf:
-            conf.write(f"port = {port}\n")
+        with open(self.data / "postgresql.conf", "a") as file:
+            file.write(f"port = {port}\n{conf}")
         self.start()
         self.psql_script("postgres", "CREATE DATABASE idem")
 
@@ -62,7 +62,8 @@ class Cluster:
 class Deployment:
     """N partitions (each with the extension, its reaper and schema idem_partition) and a proxy."""
 
-    def __init__(self, root: Path, partitions: int, spare: int = 0, first_port: int = FIRST_PORT):
+    def __init__(self, root: Path, partitions: int, spare: int = 0, first_port: int = FIRST_PORT,
+                 extra_conf: str = ""):
         self.root = root
         template = root / "template"
         if not template.exists():
@@ -73,10 +74,11 @@ class Deployment:
 unix_socket_directories = '{root / "sock"}'
 shared_preload_libraries = 'idempotency'
 idempotency.reaper_naptime = 1s
+idempotency.reaper_databases = 'idem'
 max_connections = 80
 fsync = off
 log_min_messages = warning
-""")
+{extra_conf}""")
             (root / "sock").mkdir(exist_ok=True)
         port = first_port
         self.partitions = []
@@ -88,7 +90,8 @@ log_min_messages = warning
                 cluster.psql_script("idem", f"SELECT idem_partition.configure({i}, {partitions})")
             self.partitions.append(cluster)
             port += 1
-        self.proxy = Cluster(root, f"proxy{port}", port, template)
+        # the proxy has no keys: no reaper coming and going there
+        self.proxy = Cluster(root, f"proxy{port}", port, template, "idempotency.reaper_enabled = off\n")
         self.proxy.psql_script("idem", file=HERE / "sql" / "proxy.sql")
         self.configure_proxy(self.partitions[:partitions])
 
