@@ -295,3 +295,25 @@ def test_each_partition_reaps_its_own_keys(four):
         assert after[i] - before[i] >= per_partition[i], (i, before[i], after[i])
         assert p.query("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'idempotency reaper'"
                        " AND datname = 'idem'")[0][0] == 1
+
+
+def test_a_role_with_the_documented_grants_can_call_the_partition_functions(four):
+    p = four.partitions[0]
+    with four.proxy.connect() as px:
+        scope = next(s for s in (f"role-{i}" for i in range(100)) if owner(px, s) == 0)
+    p.psql_script("idem", "CREATE ROLE app_role LOGIN; GRANT SELECT, INSERT, UPDATE ON idem_keys TO app_role")
+    with psycopg.connect(p.dsn + " user=app_role", autocommit=True) as app:
+        assert app.execute("SELECT outcome FROM idem_partition.idem_claim('r1', scope => %s)", [scope]
+                           ).fetchone() == ("claimed",)
+        assert app.execute("SELECT state FROM idem_partition.idem_complete('r1', '{}', scope => %s)", [scope]
+                           ).fetchone() == ("succeeded",)
+        assert app.execute("SELECT state FROM idem_partition.idem_lookup('r1', scope => %s)", [scope]
+                           ).fetchone() == ("succeeded",)
+        app.execute("SELECT idem_partition.idem_claim('r2', scope => %s)", [scope])
+        assert app.execute("SELECT state FROM idem_partition.idem_fail('r2', scope => %s)", [scope]
+                           ).fetchone() == ("failed",)
+    p.psql_script("idem", "REVOKE INSERT, UPDATE ON idem_keys FROM app_role")
+    with psycopg.connect(p.dsn + " user=app_role", autocommit=True) as app:
+        with pytest.raises(psycopg.Error) as error:
+            app.execute("SELECT idem_partition.idem_claim('r3', scope => %s)", [scope])
+        assert error.value.sqlstate == "42501"
