@@ -1,10 +1,11 @@
 -- Partition side of the scale-out setup: run once in each partition's database, after
--- CREATE EXTENSION idempotency (any schema). Creates schema idem_partition:
+-- CREATE EXTENSION idempotency (version 1.2, any schema). Creates schema idem_partition:
 --   config                 which partition this database is (index, count) and whether it accepts calls
 --   idem_scope_hash(scope) / idem_scope_partition(scope, partitions)  the routing rule (same as the proxy's)
---   idem_claim, idem_complete, idem_fail, idem_lookup  the extension's functions behind an ownership
---                          check: a call for a scope that is not this partition's raises IK900
---   configure(...), stats() for the generator, the resharding tool and monitoring
+--   idem_claim, idem_complete, idem_fail, idem_extend, idem_release, idem_forget, idem_lookup
+--                          the extension's functions behind an ownership check: a call for a
+--                          scope that is not this partition's raises IK900
+--   configure(...), stats(), stalled()  for the generator, the resharding tool and monitoring
 -- The proxy calls these functions (PL/Proxy TARGET); applications that connect to a partition
 -- directly (same-transaction mode) call them too, so that a resharding can never let a moved scope
 -- be claimed in two places.
@@ -92,33 +93,64 @@ BEGIN
     EXECUTE format($f$
 CREATE FUNCTION idem_partition.idem_claim(key text, request jsonb DEFAULT NULL, scope text DEFAULT '',
                                           ttl interval DEFAULT NULL, lease interval DEFAULT NULL,
-                                          fingerprint bytea DEFAULT NULL)
+                                          fingerprint bytea DEFAULT NULL, wait interval DEFAULT NULL)
 RETURNS %1$s.idem_claim_result LANGUAGE plpgsql AS $$
 BEGIN
     LOCK TABLE %1$s.idem_keys IN ROW EXCLUSIVE MODE;
     PERFORM idem_partition.check_owner(scope);
-    RETURN %1$s.idem_claim(key, request, scope, ttl, lease, fingerprint);
+    RETURN %1$s.idem_claim(key, request, scope, ttl, lease, fingerprint, wait);
 END
 $$;
 
 CREATE FUNCTION idem_partition.idem_complete(key text, response jsonb, response_code integer DEFAULT 200,
-                                             scope text DEFAULT '', attempt integer DEFAULT NULL)
+                                             scope text DEFAULT '', attempt integer DEFAULT NULL,
+                                             ttl interval DEFAULT NULL, body bytea DEFAULT NULL,
+                                             headers jsonb DEFAULT NULL)
 RETURNS %1$s.idem_keys LANGUAGE plpgsql AS $$
 BEGIN
     LOCK TABLE %1$s.idem_keys IN ROW EXCLUSIVE MODE;
     PERFORM idem_partition.check_owner(scope);
-    RETURN %1$s.idem_complete(key, response, response_code, scope, attempt);
+    RETURN %1$s.idem_complete(key, response, response_code, scope, attempt, ttl, body, headers);
 END
 $$;
 
 CREATE FUNCTION idem_partition.idem_fail(key text, response jsonb DEFAULT NULL,
                                          response_code integer DEFAULT 500, retryable boolean DEFAULT true,
-                                         scope text DEFAULT '', attempt integer DEFAULT NULL)
+                                         scope text DEFAULT '', attempt integer DEFAULT NULL,
+                                         ttl interval DEFAULT NULL, body bytea DEFAULT NULL,
+                                         headers jsonb DEFAULT NULL)
 RETURNS %1$s.idem_keys LANGUAGE plpgsql AS $$
 BEGIN
     LOCK TABLE %1$s.idem_keys IN ROW EXCLUSIVE MODE;
     PERFORM idem_partition.check_owner(scope);
-    RETURN %1$s.idem_fail(key, response, response_code, retryable, scope, attempt);
+    RETURN %1$s.idem_fail(key, response, response_code, retryable, scope, attempt, ttl, body, headers);
+END
+$$;
+
+CREATE FUNCTION idem_partition.idem_extend(key text, attempt integer, lease interval, scope text DEFAULT '')
+RETURNS %1$s.idem_keys LANGUAGE plpgsql AS $$
+BEGIN
+    LOCK TABLE %1$s.idem_keys IN ROW EXCLUSIVE MODE;
+    PERFORM idem_partition.check_owner(scope);
+    RETURN %1$s.idem_extend(key, attempt, lease, scope);
+END
+$$;
+
+CREATE FUNCTION idem_partition.idem_release(key text, attempt integer, scope text DEFAULT '')
+RETURNS %1$s.idem_keys LANGUAGE plpgsql AS $$
+BEGIN
+    LOCK TABLE %1$s.idem_keys IN ROW EXCLUSIVE MODE;
+    PERFORM idem_partition.check_owner(scope);
+    RETURN %1$s.idem_release(key, attempt, scope);
+END
+$$;
+
+CREATE FUNCTION idem_partition.idem_forget(key text, scope text DEFAULT '', force boolean DEFAULT false)
+RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    LOCK TABLE %1$s.idem_keys IN ROW EXCLUSIVE MODE;
+    PERFORM idem_partition.check_owner(scope);
+    RETURN %1$s.idem_forget(key, scope, force);
 END
 $$;
 
@@ -130,6 +162,14 @@ BEGIN
     PERFORM idem_partition.check_owner(scope);
     RETURN found_row;
 END
+$$;
+
+-- This partition's stalled keys (pending, lease ended), for a reconciliation job through the proxy.
+CREATE FUNCTION idem_partition.stalled(OUT scope text, OUT key text, OUT attempt integer,
+                                       OUT locked_until timestamptz, OUT created_at timestamptz,
+                                       OUT stalled_for interval)
+RETURNS SETOF record LANGUAGE sql STABLE AS $$
+    SELECT scope, key, attempt, locked_until, created_at, stalled_for FROM %1$s.idem_stalled
 $$;
 
 -- One row for monitoring through the proxy (RUN ON ALL): which partition answers, and its counters.

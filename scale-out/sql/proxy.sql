@@ -1,9 +1,10 @@
 -- Proxy side of the scale-out setup: run once in the proxy's database (without the idempotency
 -- extension: these functions take its names). Needs PL/Proxy (postgresql-15-plproxy). The
 -- cluster itself (server "idempotency", one option p0, p1, ... per partition) comes from
--- scale-out/generate.
+-- scale-out/idem_scaleout.py proxy-config.
 --
--- Every function has the extension's signature and result type and runs, with PL/Proxy, the
+-- For version 1.2 of the extension on the partitions. Every function has the extension's
+-- signature and result type and runs, with PL/Proxy, the
 -- function of the same name in schema idem_partition on the partition that owns the scope.
 -- Each call is its own transaction on that partition: same-transaction mode needs a direct
 -- connection (idem_partition_of()).
@@ -21,7 +22,10 @@ CREATE TYPE idem_claim_result AS (
     response      jsonb,
     response_code integer,
     retry_after   interval,
-    expires_at    timestamptz
+    expires_at    timestamptz,
+    retry_after_s    integer,
+    response_body    bytea,
+    response_headers jsonb
 );
 -- The row type of the partitions' idem_keys (results of complete, fail and lookup).
 CREATE TYPE idem_keys AS (
@@ -36,7 +40,10 @@ CREATE TYPE idem_keys AS (
     created_at    timestamptz,
     locked_until  timestamptz,
     completed_at  timestamptz,
-    expires_at    timestamptz
+    expires_at    timestamptz,
+    response_body    bytea,
+    response_headers jsonb,
+    claimed_at       timestamptz
 );
 
 CREATE SCHEMA idem_partition;
@@ -58,7 +65,7 @@ RETURN coalesce(idem_partition.idem_scope_hash(scope), 0);
 
 CREATE FUNCTION idem_claim(key text, request jsonb DEFAULT NULL, scope text DEFAULT '',
                            ttl interval DEFAULT NULL, lease interval DEFAULT NULL,
-                           fingerprint bytea DEFAULT NULL)
+                           fingerprint bytea DEFAULT NULL, wait interval DEFAULT NULL)
 RETURNS idem_claim_result LANGUAGE plproxy AS $$
     CLUSTER 'idempotency';
     RUN ON idem_partition.route(scope);
@@ -66,7 +73,9 @@ RETURNS idem_claim_result LANGUAGE plproxy AS $$
 $$;
 
 CREATE FUNCTION idem_complete(key text, response jsonb, response_code integer DEFAULT 200,
-                              scope text DEFAULT '', attempt integer DEFAULT NULL)
+                              scope text DEFAULT '', attempt integer DEFAULT NULL,
+                              ttl interval DEFAULT NULL, body bytea DEFAULT NULL,
+                              headers jsonb DEFAULT NULL)
 RETURNS idem_keys LANGUAGE plproxy AS $$
     CLUSTER 'idempotency';
     RUN ON idem_partition.route(scope);
@@ -75,11 +84,33 @@ $$;
 
 CREATE FUNCTION idem_fail(key text, response jsonb DEFAULT NULL, response_code integer DEFAULT 500,
                           retryable boolean DEFAULT true, scope text DEFAULT '',
-                          attempt integer DEFAULT NULL)
+                          attempt integer DEFAULT NULL, ttl interval DEFAULT NULL,
+                          body bytea DEFAULT NULL, headers jsonb DEFAULT NULL)
 RETURNS idem_keys LANGUAGE plproxy AS $$
     CLUSTER 'idempotency';
     RUN ON idem_partition.route(scope);
     TARGET idem_partition.idem_fail;
+$$;
+
+CREATE FUNCTION idem_extend(key text, attempt integer, lease interval, scope text DEFAULT '')
+RETURNS idem_keys LANGUAGE plproxy AS $$
+    CLUSTER 'idempotency';
+    RUN ON idem_partition.route(scope);
+    TARGET idem_partition.idem_extend;
+$$;
+
+CREATE FUNCTION idem_release(key text, attempt integer, scope text DEFAULT '')
+RETURNS idem_keys LANGUAGE plproxy AS $$
+    CLUSTER 'idempotency';
+    RUN ON idem_partition.route(scope);
+    TARGET idem_partition.idem_release;
+$$;
+
+CREATE FUNCTION idem_forget(key text, scope text DEFAULT '', force boolean DEFAULT false)
+RETURNS boolean LANGUAGE plproxy AS $$
+    CLUSTER 'idempotency';
+    RUN ON idem_partition.route(scope);
+    TARGET idem_partition.idem_forget;
 $$;
 
 CREATE FUNCTION idem_lookup(key text, scope text DEFAULT '')
@@ -110,6 +141,17 @@ BEGIN
     connstr := (SELECT substr(o, length('p' || partition) + 2) FROM unnest(options) o
                 WHERE o LIKE 'p' || partition || '=%');
 END
+$$;
+
+-- Every partition's stalled keys (the extension's idem_stalled view), oldest first within each
+-- partition: what a reconciliation job walks, finishing each key through the proxy.
+CREATE FUNCTION idem_stalled(OUT scope text, OUT key text, OUT attempt integer,
+                             OUT locked_until timestamptz, OUT created_at timestamptz,
+                             OUT stalled_for interval)
+RETURNS SETOF record LANGUAGE plproxy AS $$
+    CLUSTER 'idempotency';
+    RUN ON ALL;
+    TARGET idem_partition.stalled;
 $$;
 
 -- Monitoring: one row per partition, each from the partition itself.

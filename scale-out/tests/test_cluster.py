@@ -317,3 +317,36 @@ def test_a_role_with_the_documented_grants_can_call_the_partition_functions(four
         with pytest.raises(psycopg.Error) as error:
             app.execute("SELECT idem_partition.idem_claim('r3', scope => %s)", [scope])
         assert error.value.sqlstate == "42501"
+
+
+def test_version_1_2_through_the_proxy(four):
+    with four.proxy.connect() as px:
+        # extend and release by the owner; the release lets the next claim take over at once
+        assert px.execute("SELECT attempt FROM idem_claim('v12', scope => 'beta', lease => '1 hour')").fetchone() == (1,)
+        assert px.execute("SELECT locked_until > now() + interval '1 hour' FROM idem_extend('v12', 1, '2 hours',"
+                          " scope => 'beta')").fetchone() == (True,)
+        assert px.execute("SELECT outcome, retry_after_s > 3600 FROM idem_claim('v12', scope => 'beta', wait => '0')"
+                          ).fetchone() == ("in_progress", True)
+        px.execute("SELECT idem_release('v12', 1, scope => 'beta')")
+        assert px.execute("SELECT outcome, attempt FROM idem_claim('v12', scope => 'beta', lease => '1 ms')"
+                          ).fetchone() == ("claimed", 2)
+        time.sleep(0.05)
+        assert ("beta", "v12", 2) in [r[:3] for r in px.execute("SELECT * FROM idem_stalled()").fetchall()]
+        # a body and headers come back byte for byte
+        body = bytes(range(256))
+        px.execute("SELECT idem_complete('v12', NULL, 201, scope => 'beta', attempt => 2, ttl => '1 day',"
+                   " body => %s, headers => '{\"Location\": \"/o/1\"}')", [body])
+        replay = px.execute("SELECT outcome, response_code, response_body, response_headers"
+                            " FROM idem_claim('v12', scope => 'beta')").fetchone()
+        assert replay == ("replay", 201, body, {"Location": "/o/1"})
+        # forget: a live lease needs force
+        px.execute("SELECT idem_claim('v12-live', scope => 'beta', lease => '1 hour')")
+        with pytest.raises(psycopg.Error) as error:
+            px.execute("SELECT idem_forget('v12-live', scope => 'beta')")
+        assert error.value.sqlstate == "IK005"
+        assert px.execute("SELECT idem_forget('v12-live', scope => 'beta', force => true)").fetchone() == (True,)
+        assert px.execute("SELECT idem_forget('v12', scope => 'beta')").fetchone() == (True,)
+        assert px.execute("SELECT idem_lookup('v12', scope => 'beta') IS NULL").fetchone() == (True,)
+        with pytest.raises(psycopg.Error) as error:
+            px.execute("SELECT idem_extend('gone', 1, '1 min', scope => 'beta')")
+        assert error.value.sqlstate == "IK003"
