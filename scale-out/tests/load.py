@@ -8,10 +8,6 @@ import time
 import psycopg
 
 
-def sqlstate(error: psycopg.Error) -> str | None:
-    return error.sqlstate
-
-
 class ClaimLog:
     """Every successful claim (scope, key, attempt, outcome) made by any client, thread-safe."""
 
@@ -41,8 +37,8 @@ class ClaimLog:
         return doubles
 
 
-def run_clients(count, body, seconds=None, iterations=None):
-    """Run body(client_id, stop_event) in `count` threads until each returns or `seconds` pass."""
+def run_clients(count, body):
+    """Start body(client_id, stop_event) in `count` threads; join() stops and waits for them."""
     stop = threading.Event()
     failures = []
 
