@@ -191,3 +191,5 @@ $do$;
 -- grants on idem_keys (docs/scale-out.md, "Roles").
 GRANT USAGE ON SCHEMA idem_partition TO PUBLIC;
 GRANT SELECT ON idem_partition.config TO PUBLIC;
+-- changing which scopes this partition owns is the operator's (and the resharding tool's)
+REVOKE EXECUTE ON FUNCTION idem_partition.configure(integer, integer, boolean) FROM PUBLIC;

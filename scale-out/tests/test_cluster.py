@@ -312,6 +312,10 @@ def test_a_role_with_the_documented_grants_can_call_the_partition_functions(four
         app.execute("SELECT idem_partition.idem_claim('r2', scope => %s)", [scope])
         assert app.execute("SELECT state FROM idem_partition.idem_fail('r2', scope => %s)", [scope]
                            ).fetchone() == ("failed",)
+    with psycopg.connect(p.dsn + " user=app_role", autocommit=True) as app:
+        with pytest.raises(psycopg.Error) as error:
+            app.execute("SELECT idem_partition.configure(0, 1)")
+        assert error.value.sqlstate == "42501"
     p.psql_script("idem", "REVOKE INSERT, UPDATE ON idem_keys FROM app_role")
     with psycopg.connect(p.dsn + " user=app_role", autocommit=True) as app:
         with pytest.raises(psycopg.Error) as error:
