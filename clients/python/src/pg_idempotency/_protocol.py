@@ -89,8 +89,8 @@ def has_nul(value: Any) -> bool:
 
 
 def _json(name: str, value: Any) -> Optional[Jsonb]:
-    if value is None:
-        return None
+    if value is None or isinstance(value, Jsonb):  # a Jsonb is passed through as it is
+        return value
     if has_nul(value):
         raise errors.NulCharacterError(
             f'argument "{name}" holds the character U+0000, which jsonb cannot store')

@@ -149,10 +149,13 @@ class AsyncIdempotency:
         for retry in range(self.transaction_retries + 1):
             try:
                 async with self.pool.connection() as conn:
-                    async with conn.transaction():
-                        return await self._transaction_once(
+                    async with conn.transaction() as tx:
+                        result = await self._transaction_once(
                             conn, key, handler, request=request, scope=scope, ttl=ttl,
                             fingerprint=fingerprint, wait=wait, on_exception=on_exception)
+                        if isinstance(result, Executed) and result.row is None:
+                            raise psycopg.Rollback(tx)
+                    return result
             except Exception as exc:
                 if not proto.retries_transaction(exc) or retry == self.transaction_retries:
                     if isinstance(exc, psycopg.Error):
@@ -182,6 +185,8 @@ class AsyncIdempotency:
                 if policy_reply is None:
                     raise
                 reply = policy_reply
+        if reply.failed and reply.retryable:
+            return Executed(reply, None)  # rolled back with the key by the caller
         return Executed(reply, await self._finish(conn, key, reply, scope=scope,
                                                   attempt=claimed.attempt))
 

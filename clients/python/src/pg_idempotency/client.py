@@ -158,20 +158,25 @@ class Idempotency:
                            on_exception: Optional[ExceptionPolicy] = None) -> RunResult:
         """Claim, run ``handler(conn)`` and store its reply in one transaction.
 
-        The handler's writes and the key commit together or not at all. A handler that raises
-        rolls everything back (the key vanishes: the retry runs afresh), unless ``on_exception``
-        turns the exception into a Reply, which is then stored without the handler's writes.
+        The handler's writes and the key commit together or not at all. A handler that raises,
+        or replies with a retryable failure, rolls everything back (the key vanishes: the retry
+        runs afresh). A success or a terminal failure commits with the handler's writes.
+        ``on_exception`` may turn an exception into a Reply, which is then stored (or, if it is
+        retryable, rolled back) without the handler's writes.
         A transaction that fails with 40001 or 40P01 is run again, at most
         ``transaction_retries`` times.
         """
         for retry in range(self.transaction_retries + 1):
             try:
                 with self.pool.connection() as conn:
-                    with conn.transaction():
-                        return self._transaction_once(conn, key, handler, request=request,
-                                                      scope=scope, ttl=ttl,
-                                                      fingerprint=fingerprint, wait=wait,
-                                                      on_exception=on_exception)
+                    with conn.transaction() as tx:
+                        result = self._transaction_once(conn, key, handler, request=request,
+                                                        scope=scope, ttl=ttl,
+                                                        fingerprint=fingerprint, wait=wait,
+                                                        on_exception=on_exception)
+                        if isinstance(result, Executed) and result.row is None:
+                            raise psycopg.Rollback(tx)
+                    return result
             except Exception as exc:
                 if not proto.retries_transaction(exc) or retry == self.transaction_retries:
                     if isinstance(exc, psycopg.Error):
@@ -202,6 +207,8 @@ class Idempotency:
                 if policy_reply is None:
                     raise
                 reply = policy_reply
+        if reply.failed and reply.retryable:
+            return Executed(reply, None)  # rolled back with the key by the caller
         return Executed(reply, self._finish(conn, key, reply, scope=scope,
                                             attempt=claimed.attempt))
 

@@ -87,10 +87,14 @@ class Reply:
 
 @dataclass(frozen=True)
 class Executed:
-    """The handler ran as this attempt and its reply is stored."""
+    """The handler ran and its reply is stored in ``row``.
+
+    ``row`` is None when, in same-transaction mode, the reply was a retryable failure: the
+    transaction was rolled back with the key, so a retry runs afresh.
+    """
 
     reply: Reply
-    row: KeyRow
+    row: Optional[KeyRow]
 
 
 @dataclass(frozen=True)
