@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 HERE = Path(__file__).parent
-FRAMEWORKS = ["flask"]
+FRAMEWORKS = ["flask", "fastapi"]
 _next_port = [0]
 
 
