@@ -33,8 +33,10 @@ struct KeyTable
 enum class Access
 {
 	read,  // idem_lookup: SELECT
-	write, // claim, complete, fail: SELECT, INSERT, UPDATE
-	reap,  // idem_reap: DELETE
+	write,  // claim, complete, fail: SELECT, INSERT, UPDATE
+	update, // extend, release: SELECT, UPDATE (UPDATE ... WHERE key = ...)
+	forget, // idem_forget: SELECT, DELETE (DELETE ... WHERE key = ... reads the key)
+	reap,   // idem_reap: DELETE
 };
 
 // Opens idem_keys and, for writers, its indexes; checks privileges as the equivalent SQL would and
@@ -80,6 +82,10 @@ bool keytable_insert(KeyTable *kt, const KeyRow *row);
 // Replaces the version in kt->found with the row, waiting for concurrent writers of it.
 // TM_Ok, or TM_Updated / TM_Deleted when that version is no longer the newest.
 TM_Result keytable_update(KeyTable *kt, const KeyRow *row);
+
+// Deletes the version in kt->found, waiting for a concurrent writer of it. TM_Ok, or TM_Updated /
+// TM_Deleted when that version is no longer the newest.
+TM_Result keytable_delete(KeyTable *kt);
 
 // Deletes the version in kt->found unless another transaction holds or changed it: never waits.
 bool keytable_delete_unless_busy(KeyTable *kt);
