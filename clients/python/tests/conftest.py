@@ -42,11 +42,22 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         marker = metafunc.definition.get_closest_marker("versions")
         if marker is not None:  # a test of one version's behaviour runs only against it
             versions = [v for v in versions if v in marker.args]
+        if metafunc.definition.get_closest_marker("newest"):
+            versions = versions[-1:]
         metafunc.parametrize("ext_version", versions, scope="session")
 
 
 @pytest.fixture(scope="session")
-def dsn(ext_version: str) -> str:
+def databases() -> dict[str, str]:
+    """Databases made in this session, by version: pytest may set a parametrized session
+    fixture up again when it changes versions, and an application may still use the old one."""
+    return {}
+
+
+@pytest.fixture(scope="session")
+def dsn(ext_version: str, databases: dict[str, str]) -> str:
+    if ext_version in databases:
+        return databases[ext_version]
     name = "idem_py_" + ext_version.replace(".", "_")
     with psycopg.connect(admin_dsn(), autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
@@ -57,6 +68,7 @@ def dsn(ext_version: str) -> str:
         conn.execute(sql.SQL("CREATE EXTENSION idempotency VERSION {}").format(
             sql.Literal(ext_version)))
         conn.execute(SCHEMA)
+    databases[ext_version] = target
     return target
 
 

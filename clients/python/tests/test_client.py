@@ -314,3 +314,73 @@ def test_version_1_2_features_name_the_version(idem: Idempotency, conn: Conn, ke
         with pytest.raises(errors.UnsupportedVersionError, match="version 1.2"):
             feature()
     assert idem.lookup(conn, key) is None  # refused before anything was sent
+
+
+# ---- version 1.2 --------------------------------------------------------------------------
+
+@pytest.mark.versions("1.2")
+def test_extend_release_forget(idem: Idempotency, conn: Conn, key: str) -> None:
+    claimed = idem.claim(conn, key, lease=timedelta(seconds=1))
+    assert claimed.attempt == 1
+    row = idem.extend(conn, key, 1, timedelta(minutes=5))
+    assert row.locked_until is not None and row.locked_until > row.created_at + timedelta(
+        minutes=4)
+    with pytest.raises(errors.StaleAttemptError):
+        idem.extend(conn, key, 2, timedelta(minutes=5))
+    with pytest.raises(errors.KeyInProgressError):
+        idem.forget(conn, key)
+    idem.release(conn, key, 1)
+    takeover = idem.claim(conn, key)
+    assert (takeover.outcome, takeover.attempt) == (Outcome.CLAIMED, 2)
+    assert idem.forget(conn, key, force=True) is True
+    assert idem.lookup(conn, key) is None
+    with pytest.raises(errors.KeyNotFoundError):
+        idem.release(conn, key, 2)
+
+
+@pytest.mark.versions("1.2")
+def test_body_headers_ttl_and_retry_after_s(idem: Idempotency, conn: Conn, key: str) -> None:
+    idem.claim(conn, key + "-busy", lease=timedelta(seconds=30))
+    busy = idem.claim(conn, key + "-busy")
+    assert busy.outcome is Outcome.IN_PROGRESS and busy.retry_after_s is not None
+    assert 1 <= busy.retry_after_s <= 30
+    idem.claim(conn, key)
+    body = b"<xml>\x00\xff</xml>"
+    row = idem.complete(conn, key, None, response_code=204, body=body,
+                        headers={"Content-Type": "application/xml"}, ttl=timedelta(hours=1))
+    assert row.completed_at is not None
+    assert row.expires_at - row.completed_at == timedelta(hours=1)
+    replay = idem.claim(conn, key)
+    assert replay.outcome is Outcome.REPLAY and replay.response is None
+    assert replay.response_body == body
+    assert replay.response_headers == {"Content-Type": "application/xml"}
+
+
+@pytest.mark.versions("1.2")
+def test_heartbeat_keeps_the_lease(idem: Idempotency, conn: Conn, key: str) -> None:
+    seen: list[Any] = []
+
+    def long_job(lease: Lease) -> Reply:
+        for _ in range(5):  # 2.5 s of work under a 1 s lease
+            time.sleep(0.5)
+            seen.append(idem.run_with_lease(key, lambda held: Reply()))
+        return Reply({"attempt": lease.attempt})
+
+    result = idem.run_with_lease(key, long_job, lease=timedelta(seconds=1), heartbeat=True)
+    assert isinstance(result, Executed) and result.row is not None
+    assert result.row.attempt == 1
+    assert all(isinstance(r, InProgress) for r in seen)
+
+
+@pytest.mark.versions("1.2")
+def test_heartbeat_reports_a_lost_lease(idem: Idempotency, conn: Conn, key: str) -> None:
+    def long_job(lease: Lease) -> Reply:
+        with idem.pool.connection() as other:  # an operator forgets the key meanwhile
+            idem.forget(other, key, force=True)
+        deadline = time.monotonic() + 10
+        while lease.lost is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return Reply({"lost": repr(lease.lost)})
+
+    with pytest.raises(errors.KeyNotFoundError):
+        idem.run_with_lease(key, long_job, lease=timedelta(milliseconds=600), heartbeat=True)

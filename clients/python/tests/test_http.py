@@ -89,10 +89,20 @@ def framework(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def app(framework: str, dsn: str, markers: Path) -> Iterator[App]:
-    running = App(framework, dsn, markers)
-    yield running
-    running.stop()
+def started_apps() -> Iterator[dict[tuple[str, str], App]]:
+    apps: dict[tuple[str, str], App] = {}
+    yield apps
+    for running in apps.values():
+        running.stop()
+
+
+@pytest.fixture
+def app(framework: str, dsn: str, markers: Path,
+        started_apps: dict[tuple[str, str], App]) -> App:
+    """One application per framework and database, started once (the tests use fresh keys)."""
+    if (framework, dsn) not in started_apps:
+        started_apps[framework, dsn] = App(framework, dsn, markers)
+    return started_apps[framework, dsn]
 
 
 @pytest.fixture
@@ -236,14 +246,17 @@ def test_handler_exception_is_a_retryable_failure(client: httpx.Client,
 
 # ---- concurrency --------------------------------------------------------------------------
 
+def concurrently(app: App, send: Any) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    with httpx.Client(base_url=app.url, timeout=120, limits=limits) as c, \
+            ThreadPoolExecutor(64) as pool:
+        return list(pool.map(lambda _: send(c), range(64)))
+
+
+@pytest.mark.newest
 def test_64_concurrent_identical_orders_run_once(app: App, conn: psycopg.Connection[Any],
                                                  key: str) -> None:
-    def one(_: int) -> httpx.Response:
-        with httpx.Client(base_url=app.url, timeout=120) as c:
-            return post_order(c, key, pause="0.5")
-
-    with ThreadPoolExecutor(64) as pool:
-        responses = list(pool.map(one, range(64)))
+    responses = concurrently(app, lambda c: post_order(c, key, pause="0.5"))
     fresh = [r for r in responses if r.status_code == 201
              and "Idempotent-Replayed" not in r.headers]
     replays = [r for r in responses if r.headers.get("Idempotent-Replayed") == "true"]
@@ -254,15 +267,12 @@ def test_64_concurrent_identical_orders_run_once(app: App, conn: psycopg.Connect
     assert count(conn, "SELECT count(*) FROM orders WHERE idem_key = %s", key) == 1
 
 
+@pytest.mark.newest
 def test_64_concurrent_identical_payments_run_once(app: App, conn: psycopg.Connection[Any],
                                                    key: str) -> None:
-    def one(_: int) -> httpx.Response:
-        with httpx.Client(base_url=app.url, timeout=120) as c:
-            return c.post("/payments", params={"pause": "1"},
-                          headers={"Idempotency-Key": key}, json={"amount": 5})
-
-    with ThreadPoolExecutor(64) as pool:
-        responses = list(pool.map(one, range(64)))
+    responses = concurrently(app, lambda c: c.post(
+        "/payments", params={"pause": "1"}, headers={"Idempotency-Key": key},
+        json={"amount": 5}))
     fresh = [r for r in responses if r.status_code == 201
              and "Idempotent-Replayed" not in r.headers]
     busy = [r for r in responses if r.status_code == 409]
@@ -277,7 +287,8 @@ def test_64_concurrent_identical_payments_run_once(app: App, conn: psycopg.Conne
 
 # ---- crashes and takeovers ----------------------------------------------------------------
 
-def test_kill9_during_same_transaction_handler(framework: str, dsn: str, markers: Path,
+@pytest.mark.newest
+def test_kill9_during_same_transaction_handler(framework: str, dsn: str, markers: Path, app: App,
                                                conn: psycopg.Connection[Any], key: str) -> None:
     doomed = App(framework, dsn, markers)
     try:
@@ -291,19 +302,16 @@ def test_kill9_during_same_transaction_handler(framework: str, dsn: str, markers
         doomed.stop()
     # the order and the key were written in the open transaction: both vanish with it
     assert count(conn, "SELECT count(*) FROM orders WHERE idem_key = %s", key) == 0
-    survivor = App(framework, dsn, markers)
-    try:
-        with httpx.Client(base_url=survivor.url, timeout=60) as c:
-            retry = post_order(c, key)
-            assert retry.status_code == 201 and "Idempotent-Replayed" not in retry.headers
-            assert post_order(c, key).headers["Idempotent-Replayed"] == "true"
-    finally:
-        survivor.stop()
+    with httpx.Client(base_url=app.url, timeout=60) as c:  # the retry reaches another instance
+        retry = post_order(c, key)
+        assert retry.status_code == 201 and "Idempotent-Replayed" not in retry.headers
+        assert post_order(c, key).headers["Idempotent-Replayed"] == "true"
     assert count(conn, "SELECT count(*) FROM orders WHERE idem_key = %s", key) == 1
     assert key_row(conn, key) == ("succeeded", 1, None, 201)
 
 
-def test_kill9_during_leased_handler(framework: str, dsn: str, markers: Path,
+@pytest.mark.newest
+def test_kill9_during_leased_handler(framework: str, dsn: str, markers: Path, app: App,
                                      conn: psycopg.Connection[Any], key: str) -> None:
     doomed = App(framework, dsn, markers)
     try:
@@ -317,23 +325,20 @@ def test_kill9_during_leased_handler(framework: str, dsn: str, markers: Path,
         sent.join()
     finally:
         doomed.stop()
-    survivor = App(framework, dsn, markers)
-    try:
-        with httpx.Client(base_url=survivor.url, timeout=60) as c:
-            def retry() -> httpx.Response:
-                return c.post("/payments", headers={"Idempotency-Key": key}, json={"amount": 7})
+    with httpx.Client(base_url=app.url, timeout=60) as c:
+        def retry() -> httpx.Response:
+            return c.post("/payments", headers={"Idempotency-Key": key}, json={"amount": 7})
+        response = retry()
+        while response.status_code == 409:  # the dead worker's lease (2 s) still runs
+            time.sleep(int(response.headers["Retry-After"]))
             response = retry()
-            while response.status_code == 409:  # the dead worker's lease (2 s) still runs
-                time.sleep(int(response.headers["Retry-After"]))
-                response = retry()
-            assert response.status_code == 201 and response.json()["attempt"] == 2
-    finally:
-        survivor.stop()
+        assert response.status_code == 201 and response.json()["attempt"] == 2
     assert key_row(conn, key) == ("succeeded", 2, None, 201)
     assert conn.execute("SELECT attempt FROM provider_charges WHERE provider_key = %s",
                         (key,)).fetchall() == [(2,)]
 
 
+@pytest.mark.newest
 def test_stale_worker_completion_is_rejected(app: App, markers: Path,
                                              conn: psycopg.Connection[Any], key: str) -> None:
     stale: list[httpx.Response] = []
@@ -368,3 +373,50 @@ def _ignore_errors(call: Any) -> None:
         call()
     except httpx.TransportError:
         pass  # the application was killed under this request
+
+
+# ---- version 1.2 --------------------------------------------------------------------------
+
+@pytest.mark.versions("1.2")
+def test_heartbeat_keeps_a_long_job_alive(app: App, markers: Path,
+                                          conn: psycopg.Connection[Any], key: str) -> None:
+    done: list[httpx.Response] = []
+    worker = threading.Thread(target=lambda: done.append(httpx.post(
+        app.url + "/heartbeat", params={"pause": "3.5"}, headers={"Idempotency-Key": key},
+        json={}, timeout=60)))
+    worker.start()
+    wait_for(markers / f"{key}.1")
+    with httpx.Client(base_url=app.url, timeout=60) as c:
+        duplicates = 0
+        while worker.is_alive():  # 3.5 s of work under a 1 s lease: never taken over
+            response = c.post("/heartbeat", headers={"Idempotency-Key": key}, json={})
+            if response.headers.get("Idempotent-Replayed"):
+                break
+            assert response.status_code == 409, response.text
+            duplicates += 1
+            time.sleep(0.3)
+    worker.join()
+    assert duplicates >= 3
+    assert done[0].status_code == 200 and done[0].json()["attempt"] == 1
+    assert key_row(conn, key) == ("succeeded", 1, None, 200)
+
+
+@pytest.mark.versions("1.1")
+def test_heartbeat_route_on_1_1_fails_before_claiming(client: httpx.Client,
+                                                     conn: psycopg.Connection[Any],
+                                                     key: str) -> None:
+    response = client.post("/heartbeat", headers={"Idempotency-Key": key}, json={})
+    assert response.status_code == 500
+    assert key_row(conn, key) is None
+
+
+@pytest.mark.versions("1.2")
+def test_replay_uses_the_body_and_headers_columns(client: httpx.Client,
+                                                  conn: psycopg.Connection[Any],
+                                                  key: str) -> None:
+    first = post_order(client, key)
+    row = conn.execute("SELECT response, response_body, response_headers FROM idem_keys"
+                       " WHERE key = %s", (key,)).fetchone()
+    assert row is not None and row[0] is None and bytes(row[1]) == first.content
+    assert row[2] == {"Content-Type": "application/json",
+                      "Location": first.headers["Location"]}

@@ -126,10 +126,9 @@ def complete(ext: Extension, key: str, response: Any, *, response_code: int, sco
     stored = _json("response", response) if response is not None or body is None else None
     if stored is None and body is None:
         stored = Jsonb(None)
-    return _call(ext, "idem_complete", ["key"], {
-        "response": stored, "response_code": response_code, "scope": scope,
-        "attempt": attempt, **extras,
-    }, {"key": key})
+    return _call(ext, "idem_complete", ["key", "response"], {
+        "response_code": response_code, "scope": scope, "attempt": attempt, **extras,
+    }, {"key": key, "response": stored})
 
 
 def fail(ext: Extension, key: str, response: Any, *, response_code: int, retryable: bool,

@@ -157,8 +157,10 @@ def reply_for(settings: HttpSettings, ext: proto.Extension, response: HttpRespon
     """The Reply that stores a captured response: 1.2 keeps body and headers in their own
     columns; 1.1 keeps them in the response jsonb (the body as a JSON string, or base64 when it
     is not UTF-8), which jsonb stores exactly."""
-    wanted = {name.lower() for name in settings.replay_headers}
-    kept = {name: value for name, value in response.headers if name.lower() in wanted}
+    # stored under the configured spelling: frameworks differ in the case they report
+    wanted = {name.lower(): name for name in settings.replay_headers}
+    kept = {wanted[name.lower()]: value for name, value in response.headers
+            if name.lower() in wanted}
     disposition = settings.disposition(response.status)
     failed = disposition != "complete"
     retryable = disposition == "retryable"

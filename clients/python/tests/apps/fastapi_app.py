@@ -69,6 +69,7 @@ def create_app() -> FastAPI:
     @router.post("/heartbeat")
     @idem.leased(required=True, lease=timedelta(seconds=1), heartbeat=True)
     async def long_job(pause: float = 3, lease: Lease = Depends(idem.lease)) -> Response:
+        mark_started(f"{lease.key}.{lease.attempt}")
         await asyncio.sleep(pause)
         return Response(charge_body(lease.key, lease.attempt), status_code=200,
                         media_type="application/json")

@@ -66,6 +66,7 @@ def create_app() -> flask.Flask:
     @app.post("/heartbeat")
     @idem.leased(required=True, lease=timedelta(seconds=1), heartbeat=True)
     def long_job(lease: Lease) -> flask.Response:
+        mark_started(f"{lease.key}.{lease.attempt}")
         pause(float(flask.request.args.get("pause", "3")))
         return flask.Response(charge_body(lease.key, lease.attempt), status=200,
                               content_type="application/json")
