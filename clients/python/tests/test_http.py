@@ -177,6 +177,23 @@ def test_equivalent_json_replays_and_changed_body_is_422(client: httpx.Client, k
     assert changed.json()["error"] == "idempotency_key_mismatch"
 
 
+def test_scope_is_the_route_and_the_path_is_fingerprinted(client: httpx.Client, framework: str,
+                                                          conn: psycopg.Connection[Any],
+                                                          key: str) -> None:
+    for body in ({"n": 1}, b"plain"):
+        sent = {"json": body} if isinstance(body, dict) else {"content": body}
+        k = f"{key}-{type(body).__name__}"
+        first = client.post("/items/1", headers={"Idempotency-Key": k}, **sent)
+        assert first.status_code == 200 and first.text == "1"
+        again = client.post("/items/1", headers={"Idempotency-Key": k}, **sent)
+        assert again.headers["Idempotent-Replayed"] == "true" and again.text == "1"
+        other = client.post("/items/2", headers={"Idempotency-Key": k}, **sent)
+        assert other.status_code == 422
+    scopes = {r[0] for r in conn.execute("SELECT scope FROM idem_keys WHERE key LIKE %s",
+                                         (key + "-%",))}
+    assert scopes == {"POST /items/<item>" if framework == "flask" else "POST /items/{item}"}
+
+
 def test_bad_or_missing_key_is_400_before_the_database(client: httpx.Client,
                                                        conn: psycopg.Connection[Any]) -> None:
     before = count(conn, "SELECT count(*) FROM idem_keys")

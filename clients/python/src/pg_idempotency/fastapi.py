@@ -105,6 +105,7 @@ class FastAPIIdempotency:
             found = self.tenant(request)
             tenant = await found if inspect.isawaitable(found) else found
         prepared = http.prepare(self.settings, options, method=request.method, route=path,
+                                path=request.url.path,
                                 headers=request.headers, body=await request.body(),
                                 content_type=request.headers.get("content-type"),
                                 tenant=tenant)

@@ -71,7 +71,7 @@ class FlaskIdempotency:
         request = flask.request
         route = request.url_rule.rule if request.url_rule is not None else request.path
         prepared = http.prepare(
-            self.settings, options, method=request.method, route=route,
+            self.settings, options, method=request.method, route=route, path=request.path,
             headers=request.headers, body=request.get_data(cache=True),
             content_type=request.content_type,
             tenant=self.tenant() if self.tenant is not None else None)

@@ -98,9 +98,13 @@ def problem(status: int, error: str, detail: str,
 
 
 def prepare(settings: HttpSettings, options: RouteOptions, *, method: str, route: str,
-            headers: Mapping[str, str], body: bytes, content_type: Optional[str],
+            path: str, headers: Mapping[str, str], body: bytes, content_type: Optional[str],
             tenant: Optional[str]) -> Prepared:
-    """Check the key and the body before the database and say what to claim."""
+    """Check the key and the body before the database and say what to claim.
+
+    The scope is the route template; the fingerprint covers the path (so one key sent to
+    /orders/1 and then /orders/2 is a mismatch, not a replay of the other order), the body and
+    the chosen headers."""
     key = headers.get(settings.header)
     if key is None:
         if options.required:
@@ -127,11 +131,11 @@ def prepare(settings: HttpSettings, options: RouteOptions, *, method: str, route
                                "JSON strings in the request body must not contain \\u0000")
     if text is not None:
         # the raw text goes to the server, whose jsonb decides equality (key order, numbers)
-        raw = text if not chosen else (
-            '{"body": ' + text + ', "headers": ' + json.dumps(chosen) + "}")
+        raw = ('{"path": ' + json.dumps(path) + ', "headers": ' + json.dumps(chosen)
+               + ', "body": ' + text + "}")
         return KeyedRequest(key, scope, request=Jsonb(raw, dumps=_as_is))
     digest = hashlib.sha256()
-    digest.update(json.dumps(chosen, sort_keys=True).encode())
+    digest.update(json.dumps([path, chosen], sort_keys=True).encode())
     digest.update(b"\x00")
     digest.update(body)
     return KeyedRequest(key, scope, fingerprint=digest.digest())

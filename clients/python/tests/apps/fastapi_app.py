@@ -74,6 +74,11 @@ def create_app() -> FastAPI:
         return Response(charge_body(lease.key, lease.attempt), status_code=200,
                         media_type="application/json")
 
+    @router.post("/items/{item}")
+    @idem.transactional(required=True)
+    async def item(item: str, conn: AsyncConnection[Any] = Depends(idem.connection)) -> Response:
+        return Response(item, status_code=200, media_type="text/plain")
+
     @router.post("/binary")
     @idem.transactional()
     async def binary(conn: AsyncConnection[Any] = Depends(idem.connection)) -> Response:

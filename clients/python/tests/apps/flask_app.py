@@ -71,6 +71,11 @@ def create_app() -> flask.Flask:
         return flask.Response(charge_body(lease.key, lease.attempt), status=200,
                               content_type="application/json")
 
+    @app.post("/items/<item>")
+    @idem.transactional(required=True)
+    def item(item: str, conn: Any) -> flask.Response:
+        return flask.Response(item, status=200, content_type="text/plain")
+
     @app.route("/binary", methods=["POST"])
     @idem.transactional()
     def binary(conn: Any) -> flask.Response:
