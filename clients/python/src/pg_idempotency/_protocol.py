@@ -6,12 +6,11 @@ The clients only do I/O around these; every rule about keys lives in the extensi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Mapping, Optional
 
 import psycopg
-from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from . import errors
@@ -31,6 +30,9 @@ class Extension:
 
     version: str
     schema: str
+    #: statement texts already built, by function and the arguments sent
+    queries: dict[tuple[str, tuple[str, ...]], str] = field(
+        default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_row(cls, row: Optional[tuple[Any, ...]]) -> "Extension":
@@ -50,30 +52,33 @@ class Extension:
                 feature, ".".join(map(str, version)), self.version
             )
 
-    def function(self, name: str) -> sql.Composable:
-        return sql.SQL("{}.{}").format(sql.Identifier(self.schema), sql.Identifier(name))
+    def function(self, name: str) -> str:
+        """The function's name qualified by the extension's schema (never search_path)."""
+        return '"' + self.schema.replace('"', '""') + '".' + name
 
 
 @dataclass(frozen=True)
 class Call:
     """One statement and its parameters."""
 
-    query: sql.Composable
+    query: str
     params: dict[str, Any]
 
 
 def _call(ext: Extension, function: str, positional: list[str], named: dict[str, Any],
           params: dict[str, Any]) -> Call:
-    """``SELECT * FROM schema.function($1, name => $n, ...)``; arguments left None are
-    not sent, so the function's own defaults apply."""
-    parts: list[sql.Composable] = [sql.Placeholder(name) for name in positional]
-    for name, value in named.items():
-        if value is not None:
-            parts.append(sql.SQL("{} => {}").format(sql.Identifier(name), sql.Placeholder(name)))
-            params[name] = value
-    query = sql.SQL("SELECT * FROM {}({})").format(
-        ext.function(function), sql.SQL(", ").join(parts)
-    )
+    """``SELECT * FROM schema.function(%(key)s, name => %(name)s, ...)``; arguments left None
+    are not sent, so the function's own defaults apply. The text is built once per function and
+    set of arguments (the same text also lets psycopg prepare the statement)."""
+    sent = tuple(name for name, value in named.items() if value is not None)
+    for name in sent:
+        params[name] = named[name]
+    query = ext.queries.get((function, sent))
+    if query is None:
+        args = [f"%({name})s" for name in positional]
+        args += [f"{name} => %({name})s" for name in sent]
+        query = f"SELECT * FROM {ext.function(function)}({', '.join(args)})"
+        ext.queries[function, sent] = query
     return Call(query, params)
 
 
