@@ -230,10 +230,11 @@ def report(args: argparse.Namespace, version: Any, measure: Any) -> None:
     for workload in ("new", "replay"):
         glue = statistics.median(results[workload, "glue"])
         lib = statistics.median(results[workload, "lib"])
-        ratios = [lib_r / glue_r for lib_r, glue_r in zip(results[workload, "lib"],
-                                                          results[workload, "glue"])]
+        # a round in which the machine stalled completes no request: no ratio for it
+        ratios = [f"{lib_r / glue_r:.2f}" if glue_r else "-"
+                  for lib_r, glue_r in zip(results[workload, "lib"], results[workload, "glue"])]
         print(f"  {workload:6}  glue {glue:8.1f}  library {lib:8.1f}  library / glue "
-              f"{lib / glue:5.2f} (per round: {', '.join(f'{r:.2f}' for r in ratios)})")
+              f"{lib / glue:5.2f} (per round: {', '.join(ratios)})")
 
 
 if __name__ == "__main__":
