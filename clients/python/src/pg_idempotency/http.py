@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 
 from . import _protocol as proto
 from . import errors
-from .results import ClaimResult, Executed, InProgress, Replayed, Reply, RunResult
+from .results import ClaimResult, InProgress, Replayed, Reply
 
 Disposition = Literal["complete", "terminal", "retryable"]
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -234,7 +234,7 @@ def for_error(error: errors.IdempotencyError) -> Optional[HttpResponse]:
 
 
 __all__ = [
-    "Disposition", "Executed", "HttpResponse", "HttpSettings", "KeyedRequest", "RouteOptions",
-    "RunResult", "UnkeyedRequest", "default_disposition", "for_error", "for_result", "prepare",
-    "replay", "reply_for",
+    "Disposition", "HttpResponse", "HttpSettings", "KeyedRequest", "RouteOptions",
+    "UnkeyedRequest", "default_disposition", "for_error", "for_result", "prepare", "replay",
+    "reply_for",
 ]
