@@ -253,6 +253,17 @@ def test_retryable_failure_runs_again_and_terminal_failure_replays(
     assert count(conn, "SELECT count(*) FROM handler_runs WHERE idem_key = %s", other) == 1
 
 
+def test_framework_http_exception_is_an_answer(client: httpx.Client,
+                                               conn: psycopg.Connection[Any], key: str) -> None:
+    headers = {"Idempotency-Key": key}
+    aborted = client.post("/payments", params={"abort": "404"}, headers=headers, json={})
+    assert aborted.status_code == 404
+    assert key_row(conn, key) == ("failed", 1, False, 404)
+    again = client.post("/payments", headers=headers, json={})
+    assert again.status_code == 404 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.content == aborted.content
+
+
 def test_handler_exception_is_a_retryable_failure(client: httpx.Client,
                                                   conn: psycopg.Connection[Any],
                                                   key: str) -> None:

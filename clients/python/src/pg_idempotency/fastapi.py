@@ -25,7 +25,9 @@ from typing import Any, Awaitable, Callable, Coroutine, Optional, TypeVar, Union
 
 import psycopg
 from fastapi import Request, Response
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
 
 from . import errors
 from . import http
@@ -122,7 +124,12 @@ class FastAPIIdempotency:
         produced: list[Response] = []
 
         async def capture() -> Reply:
-            response = await _buffered(await original(request))
+            try:
+                response = await _buffered(await original(request))
+            except HTTPException as exc:  # raise HTTPException(404) is an answer, stored too
+                handler = request.app.exception_handlers.get(HTTPException,
+                                                             http_exception_handler)
+                response = await _buffered(await handler(request, exc))
             produced[:] = [response]
             captured = http.HttpResponse(response.status_code, list(response.headers.items()),
                                          bytes(response.body))

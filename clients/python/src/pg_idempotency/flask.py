@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any, Callable, Optional, TypeVar
 
 import flask
+from werkzeug.exceptions import HTTPException
 
 from . import errors
 from . import http
@@ -86,7 +87,11 @@ class FlaskIdempotency:
 
         produced: list[flask.Response] = []
 
-        def capture(rv: Any) -> Reply:
+        def capture(view_call: Callable[[], Any]) -> Reply:
+            try:
+                rv = view_call()
+            except HTTPException as exc:  # abort(404) is an answer, stored like any other
+                rv = flask.current_app.handle_http_exception(exc)
             response = flask.make_response(rv)
             produced[:] = [response]
             captured = http.HttpResponse(response.status_code, list(response.headers.items()),
@@ -96,12 +101,13 @@ class FlaskIdempotency:
         try:
             if options.mode == "transaction":
                 result = idem.run_in_transaction(
-                    prepared.key, lambda conn: capture(view(*args, conn=conn, **kwargs)),
+                    prepared.key, lambda conn: capture(lambda: view(*args, conn=conn, **kwargs)),
                     request=prepared.request, fingerprint=prepared.fingerprint,
                     scope=prepared.scope, ttl=options.ttl, wait=options.wait)
             else:
                 result = idem.run_with_lease(
-                    prepared.key, lambda lease: capture(view(*args, lease=lease, **kwargs)),
+                    prepared.key,
+                    lambda lease: capture(lambda: view(*args, lease=lease, **kwargs)),
                     request=prepared.request, fingerprint=prepared.fingerprint,
                     scope=prepared.scope, ttl=options.ttl, lease=options.lease,
                     wait=options.wait, heartbeat=options.heartbeat)

@@ -6,7 +6,7 @@ import asyncio
 from datetime import timedelta
 from typing import Any, Optional
 
-from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
@@ -47,10 +47,12 @@ def create_app() -> FastAPI:
     @router.post("/payments")
     @idem.leased(required=True, lease=timedelta(seconds=2))
     async def pay(pause: Optional[float] = None, status: Optional[int] = None,
-                  lease: Lease = Depends(idem.lease)) -> Response:
+                  abort: Optional[int] = None, lease: Lease = Depends(idem.lease)) -> Response:
         async with pool.connection() as conn:
             await conn.execute("INSERT INTO handler_runs (idem_key, attempt) VALUES (%s, %s)",
                                (lease.key, lease.attempt))
+        if abort:
+            raise HTTPException(abort)
         if pause:
             mark_started(f"{lease.key}.{lease.attempt}")
             await asyncio.sleep(pause)

@@ -48,6 +48,8 @@ def create_app() -> flask.Flask:
         with pool.connection() as conn:  # the work's own short transactions
             conn.execute("INSERT INTO handler_runs (idem_key, attempt) VALUES (%s, %s)",
                          (lease.key, lease.attempt))
+        if flask.request.args.get("abort"):
+            flask.abort(int(flask.request.args["abort"]))
         if flask.request.args.get("pause"):
             mark_started(f"{lease.key}.{lease.attempt}")
             pause(float(flask.request.args["pause"]))
