@@ -229,8 +229,9 @@ class AsyncIdempotency:
                 try:
                     await self._leased(conn, lambda c: self._finish(
                         c, key, Reply.failure(), scope=scope, attempt=held.attempt))
-                except errors.StaleAttemptError:
-                    pass  # taken over meanwhile: the new owner decides; the error still raises
+                except (errors.StaleAttemptError, errors.KeyNotFoundError,
+                        errors.KeyNotPendingError):
+                    pass  # no longer this attempt's key: nothing to record; the error raises
                 raise
             reply = policy_reply
         row: KeyRow = await self._leased(conn, lambda c: self._finish(
