@@ -12,7 +12,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from pg_idempotency import (Executed, Idempotency, InProgress, Lease, Outcome, Replayed, Reply,
-                            State, errors)
+                            State, errors, http)
 
 Conn = psycopg.Connection[Any]
 
@@ -66,6 +66,8 @@ def test_errors_are_typed(idem: Idempotency, conn: Conn, key: str, call: Any,
     assert type(info.value) is error
     assert info.value.sqlstate_received == error.sqlstate
     assert isinstance(info.value.cause, psycopg.Error)
+    answer = http.for_error(info.value)
+    assert answer is not None and answer.status == error.http_status
 
 
 @pytest.mark.parametrize("query, error", [
@@ -94,7 +96,9 @@ def test_read_only_transaction_is_typed(idem: Idempotency, dsn: str, key: str) -
         c.execute("SET TRANSACTION READ ONLY")
         with pytest.raises(errors.ReadOnlyError) as info:
             idem.claim(c, key)
-        assert info.value.http_status == 503
+        answer = http.for_error(info.value)
+        assert answer is not None and answer.status == 503
+        assert ("Retry-After", "1") in answer.headers
 
 
 def test_lock_timeout_and_statement_timeout_are_typed(idem: Idempotency, dsn: str,
@@ -195,20 +199,27 @@ def test_same_transaction_terminal_policy_stores_failure_without_writes(
 
 def test_same_transaction_retries_serialization_failures(dsn: str, key: str) -> None:
     runs: list[int] = []
+    behind = [key + "-x"]
 
     def handler(c: Conn) -> Reply:
         runs.append(1)
         if len(runs) == 1:  # another session creates a key behind this snapshot: 40001
             with psycopg.connect(dsn, autocommit=True) as other:
-                other.execute("SELECT * FROM idem_claim(%s)", (key + "-x",))
-        c.execute("SELECT * FROM idem_claim(%s)", (key + "-x",))
+                other.execute("SELECT * FROM idem_claim(%s)", (behind[0],))
+        c.execute("SELECT * FROM idem_claim(%s)", (behind[0],))
         return Reply({"ok": True})
 
     with ConnectionPool(dsn, min_size=1, max_size=2, open=True, kwargs={
             "options": "-c default_transaction_isolation=repeatable\\ read"}) as rr_pool:
         result = Idempotency(rr_pool, transaction_retries=2).run_in_transaction(key, handler)
-    assert isinstance(result, Executed)
-    assert len(runs) == 2
+        assert isinstance(result, Executed)
+        assert len(runs) == 2
+        # retries are bounded: with none left, the typed error reaches the caller (HTTP 503)
+        runs.clear()
+        behind[0] = key + "-y"
+        with pytest.raises(errors.SerializationError):
+            Idempotency(rr_pool, transaction_retries=0).run_in_transaction(key + "-2", handler)
+        assert len(runs) == 1
 
 
 def test_lease_refuses_open_transaction(idem: Idempotency, dsn: str, key: str) -> None:
