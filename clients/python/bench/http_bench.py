@@ -110,7 +110,8 @@ def load_wsgi(app: Any, variant: str, workload: str, seconds: float,
     return done / (time.monotonic() - started)
 
 
-def statements_per_replay(app: Any, dsn: str, variant: str) -> float:
+def per_replay(app: Any, dsn: str, variant: str) -> tuple[float, float]:
+    """Statements (pg_stat_statements) and round trips (blocking waits in psycopg) per replay."""
     import psycopg
 
     key = f"count-{variant}-{uuid.uuid4().hex}"
@@ -120,12 +121,23 @@ def statements_per_replay(app: Any, dsn: str, variant: str) -> float:
     query = ("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements"
              " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
              " AND query NOT LIKE '%pg_stat_statements%'")
+    waits = [0]
+    original_wait = psycopg.Connection.wait
+
+    def counting_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        waits[0] += 1  # one blocking exchange with the server: a round trip
+        return original_wait(self, *args, **kwargs)
+
     with psycopg.connect(dsn, autocommit=True) as conn:
         before = conn.execute(query).fetchone()[0]  # type: ignore[index]
-        for _ in range(100):
-            client.post(f"/{variant}/orders", data='{"total": 42}', headers=headers)
+        psycopg.Connection.wait = counting_wait  # type: ignore[method-assign]
+        try:
+            for _ in range(100):
+                client.post(f"/{variant}/orders", data='{"total": 42}', headers=headers)
+        finally:
+            psycopg.Connection.wait = original_wait  # type: ignore[method-assign]
         after = conn.execute(query).fetchone()[0]  # type: ignore[index]
-    return float(after - before) / 100
+    return float(after - before) / 100, waits[0] / 100
 
 
 def load(base: str, variant: str, workload: str, clients: int, seconds: float) -> float:
@@ -185,8 +197,9 @@ def main() -> None:
         sys.path.insert(0, str(HERE.parent / "src"))
         app = create_app(args.dsn)
         for variant in ("glue", "lib"):
-            print(f"statements per replay, {variant}: "
-                  f"{statements_per_replay(app, args.dsn, variant):.2f}")
+            statements, round_trips = per_replay(app, args.dsn, variant)
+            print(f"per replay, {variant}: {statements:.2f} statements, "
+                  f"{round_trips:.2f} round trips")
         cpu: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
         report(args, version, lambda variant, workload: load_wsgi(app, variant, workload,
                                                                   args.seconds, cpu))
