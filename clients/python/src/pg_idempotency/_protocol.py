@@ -1,0 +1,226 @@
+"""What the sync and asyncio clients share: the SQL they send and how they read the answers.
+
+The clients only do I/O around these; every rule about keys lives in the extension.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Mapping, Optional
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from . import errors
+from .results import ClaimResult, KeyRow, Outcome, State
+
+EXTENSION_QUERY = (
+    "SELECT e.extversion, n.nspname FROM pg_catalog.pg_extension e"
+    " JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'idempotency'"
+)
+
+V1_2 = (1, 2)
+
+
+@dataclass(frozen=True)
+class Extension:
+    """The installed extension: its version (what the client may call) and its schema."""
+
+    version: str
+    schema: str
+    #: statement texts already built, by function and the arguments sent
+    queries: dict[tuple[str, tuple[str, ...]], str] = field(
+        default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_row(cls, row: Optional[tuple[Any, ...]]) -> "Extension":
+        if row is None:
+            raise errors.ExtensionMissingError(
+                "the database has no idempotency extension (CREATE EXTENSION idempotency)"
+            )
+        return cls(str(row[0]), str(row[1]))
+
+    @property
+    def version_tuple(self) -> tuple[int, ...]:
+        return tuple(int(part) for part in self.version.split("."))
+
+    def require(self, feature: str, version: tuple[int, int]) -> None:
+        if self.version_tuple < version:
+            raise errors.UnsupportedVersionError(
+                feature, ".".join(map(str, version)), self.version
+            )
+
+    def function(self, name: str) -> str:
+        """The function's name qualified by the extension's schema (never search_path)."""
+        return '"' + self.schema.replace('"', '""') + '".' + name
+
+
+@dataclass(frozen=True)
+class Call:
+    """One statement and its parameters."""
+
+    query: str
+    params: dict[str, Any]
+
+
+def _call(ext: Extension, function: str, positional: list[str], named: dict[str, Any],
+          params: dict[str, Any]) -> Call:
+    """``SELECT * FROM schema.function(%(key)s, name => %(name)s, ...)``; arguments left None
+    are not sent, so the function's own defaults apply. The text is built once per function and
+    set of arguments (the same text also lets psycopg prepare the statement)."""
+    sent = tuple(name for name, value in named.items() if value is not None)
+    for name in sent:
+        params[name] = named[name]
+    query = ext.queries.get((function, sent))
+    if query is None:
+        args = [f"%({name})s" for name in positional]
+        args += [f"{name} => %({name})s" for name in sent]
+        query = f"SELECT * FROM {ext.function(function)}({', '.join(args)})"
+        ext.queries[function, sent] = query
+    return Call(query, params)
+
+
+def has_nul(value: Any) -> bool:
+    """Does a JSON value hold U+0000 in a string or an object key?"""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(has_nul(k) or has_nul(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(has_nul(v) for v in value)
+    return False
+
+
+def _json(name: str, value: Any) -> Optional[Jsonb]:
+    if value is None or isinstance(value, Jsonb):  # a Jsonb is passed through as it is
+        return value
+    if has_nul(value):
+        raise errors.NulCharacterError(
+            f'argument "{name}" holds the character U+0000, which jsonb cannot store')
+    return Jsonb(value)
+
+
+def claim(ext: Extension, key: str, *, request: Any, scope: str, ttl: Optional[timedelta],
+          lease: Optional[timedelta], fingerprint: Optional[bytes],
+          wait: Optional[timedelta]) -> Call:
+    if wait is not None:
+        ext.require("idem_claim(wait => ...)", V1_2)
+    return _call(ext, "idem_claim", ["key"], {
+        "request": _json("request", request),
+        "scope": scope, "ttl": ttl, "lease": lease, "fingerprint": fingerprint, "wait": wait,
+    }, {"key": key})
+
+
+def _finish_extras(ext: Extension, function: str, ttl: Optional[timedelta],
+                   body: Optional[bytes], headers: Optional[Mapping[str, Any]]) -> dict[str, Any]:
+    if ttl is not None:
+        ext.require(f"{function}(ttl => ...)", V1_2)
+    if body is not None or headers is not None:
+        ext.require(f"{function}(body => ..., headers => ...)", V1_2)
+    return {"ttl": ttl, "body": body,
+            "headers": _json("headers", None if headers is None else dict(headers))}
+
+
+def complete(ext: Extension, key: str, response: Any, *, response_code: int, scope: str,
+             attempt: Optional[int], ttl: Optional[timedelta], body: Optional[bytes],
+             headers: Optional[Mapping[str, Any]]) -> Call:
+    extras = _finish_extras(ext, "idem_complete", ttl, body, headers)
+    # Before 1.2 a response is required: a handler that answers nothing stores JSON null.
+    stored = _json("response", response) if response is not None or body is None else None
+    if stored is None and body is None:
+        stored = Jsonb(None)
+    return _call(ext, "idem_complete", ["key", "response"], {
+        "response_code": response_code, "scope": scope, "attempt": attempt, **extras,
+    }, {"key": key, "response": stored})
+
+
+def fail(ext: Extension, key: str, response: Any, *, response_code: int, retryable: bool,
+         scope: str, attempt: Optional[int], ttl: Optional[timedelta], body: Optional[bytes],
+         headers: Optional[Mapping[str, Any]]) -> Call:
+    extras = _finish_extras(ext, "idem_fail", ttl, body, headers)
+    return _call(ext, "idem_fail", ["key"], {
+        "response": _json("response", response),
+        "response_code": response_code, "retryable": retryable, "scope": scope,
+        "attempt": attempt, **extras,
+    }, {"key": key})
+
+
+def lookup(ext: Extension, key: str, *, scope: str) -> Call:
+    # A missing key is a NULL composite, which SELECT * expands into a row of NULLs: parse_key_row
+    # reads that row (key is NOT NULL in the table) as None.
+    return _call(ext, "idem_lookup", ["key"], {"scope": scope}, {"key": key})
+
+
+def extend(ext: Extension, key: str, attempt: int, lease: timedelta, *, scope: str) -> Call:
+    ext.require("idem_extend", V1_2)
+    return _call(ext, "idem_extend", ["key", "attempt", "lease"], {"scope": scope},
+                 {"key": key, "attempt": attempt, "lease": lease})
+
+
+def release(ext: Extension, key: str, attempt: int, *, scope: str) -> Call:
+    ext.require("idem_release", V1_2)
+    return _call(ext, "idem_release", ["key", "attempt"], {"scope": scope},
+                 {"key": key, "attempt": attempt})
+
+
+def forget(ext: Extension, key: str, *, scope: str, force: bool) -> Call:
+    ext.require("idem_forget", V1_2)
+    return _call(ext, "idem_forget", ["key"], {"scope": scope, "force": force}, {"key": key})
+
+
+def retry_after_seconds(retry_after: Optional[timedelta], retry_after_s: Optional[int]) -> int:
+    """Retry-After in whole seconds: the server's estimate (1.2), else ceil(retry_after)."""
+    if retry_after_s is not None:
+        return retry_after_s
+    if retry_after is None:
+        return 1
+    return max(1, math.ceil(retry_after.total_seconds()))
+
+
+def parse_claim(row: Mapping[str, Any]) -> ClaimResult:
+    state = row["state"]
+    return ClaimResult(
+        outcome=Outcome(row["outcome"]),
+        inserted=bool(row["inserted"]),
+        attempt=row["attempt"],
+        state=None if state is None else State(state),
+        response=row["response"],
+        response_code=row["response_code"],
+        retry_after=row["retry_after"],
+        retry_after_s=row.get("retry_after_s"),
+        expires_at=row["expires_at"],
+        response_body=_bytes(row.get("response_body")),
+        response_headers=row.get("response_headers"),
+    )
+
+
+def parse_key_row(row: Optional[Mapping[str, Any]]) -> Optional[KeyRow]:
+    if row is None or row["key"] is None:
+        return None
+    return KeyRow(
+        scope=row["scope"], key=row["key"], state=State(row["state"]), attempt=row["attempt"],
+        fingerprint=_bytes(row["fingerprint"]), response=row["response"],
+        response_code=row["response_code"], retryable=row["retryable"],
+        created_at=row["created_at"], locked_until=row["locked_until"],
+        completed_at=row["completed_at"], expires_at=row["expires_at"],
+        response_body=_bytes(row.get("response_body")),
+        response_headers=row.get("response_headers"),
+    )
+
+
+def _bytes(value: Any) -> Optional[bytes]:
+    return None if value is None else bytes(value)
+
+
+def typed(error: psycopg.Error) -> Exception:
+    """The package's typed error for a driver error, or the driver error itself."""
+    return errors.translate(error) or error
+
+
+def retries_transaction(error: BaseException) -> bool:
+    """40001 and 40P01: the whole transaction may be run again."""
+    if isinstance(error, errors.DatabaseError):
+        return error.retry_transaction
+    return isinstance(error, psycopg.Error) and error.sqlstate in ("40001", "40P01")

@@ -1,0 +1,270 @@
+"""The asyncio client over a psycopg 3 ``AsyncConnectionPool``; the same API as ``client``."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional, TypeVar
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from . import _protocol as proto
+from . import errors
+from .client import ExceptionPolicy, _check_no_transaction, _not_claimed
+from .lease import Lease
+from .results import ClaimResult, Executed, KeyRow, Outcome, Reply, RunResult
+
+AsyncConnection = psycopg.AsyncConnection[Any]
+T = TypeVar("T")
+
+
+@asynccontextmanager
+async def _autocommit(conn: AsyncConnection) -> AsyncIterator[None]:
+    """Run in autocommit on an idle connection: one round trip per call, no BEGIN/COMMIT."""
+    if conn.autocommit:
+        yield
+        return
+    await conn.set_autocommit(True)
+    try:
+        yield
+    finally:
+        await conn.set_autocommit(False)
+
+
+class AsyncIdempotency:
+    """Idempotency keys over a psycopg 3 ``AsyncConnectionPool`` that the application owns.
+
+    Every method mirrors ``Idempotency``'s, as a coroutine; handlers are coroutine functions.
+    """
+
+    def __init__(self, pool: AsyncConnectionPool, *, lease: Optional[timedelta] = None,
+                 ttl: Optional[timedelta] = None, transaction_retries: int = 3) -> None:
+        self.pool = pool
+        self.lease = lease
+        self.ttl = ttl
+        self.transaction_retries = transaction_retries
+        self._extension: Optional[proto.Extension] = None
+
+    # ---- the extension's functions -------------------------------------------------------
+
+    async def extension(self, conn: Optional[AsyncConnection] = None) -> proto.Extension:
+        if self._extension is None:
+            if conn is None or (conn.info.transaction_status == TransactionStatus.IDLE
+                                and not conn.autocommit):
+                async with self.pool.connection() as own, _autocommit(own):
+                    row = await (await own.execute(proto.EXTENSION_QUERY)).fetchone()
+            else:
+                row = await (await conn.execute(proto.EXTENSION_QUERY)).fetchone()
+            self._extension = proto.Extension.from_row(row)
+        return self._extension
+
+    async def _run(self, conn: AsyncConnection, call: proto.Call) -> Optional[dict[str, Any]]:
+        try:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(call.query, call.params)
+                return await cur.fetchone()
+        except psycopg.Error as e:
+            raise proto.typed(e) from e
+
+    async def claim(self, conn: AsyncConnection, key: str, *, request: Any = None,
+                    scope: str = "", ttl: Optional[timedelta] = None,
+                    lease: Optional[timedelta] = None, fingerprint: Optional[bytes] = None,
+                    wait: Optional[timedelta] = None) -> ClaimResult:
+        call = proto.claim(await self.extension(conn), key, request=request, scope=scope,
+                           ttl=ttl or self.ttl, lease=lease or self.lease,
+                           fingerprint=fingerprint, wait=wait)
+        row = await self._run(conn, call)
+        assert row is not None
+        return proto.parse_claim(row)
+
+    async def complete(self, conn: AsyncConnection, key: str, response: Any = None, *,
+                       response_code: int = 200, scope: str = "",
+                       attempt: Optional[int] = None, ttl: Optional[timedelta] = None,
+                       body: Optional[bytes] = None,
+                       headers: Optional[Mapping[str, Any]] = None) -> KeyRow:
+        call = proto.complete(await self.extension(conn), key, response,
+                              response_code=response_code, scope=scope, attempt=attempt,
+                              ttl=ttl, body=body, headers=headers)
+        return await self._key_row(conn, call)
+
+    async def fail(self, conn: AsyncConnection, key: str, response: Any = None, *,
+                   response_code: int = 500, retryable: bool = True, scope: str = "",
+                   attempt: Optional[int] = None, ttl: Optional[timedelta] = None,
+                   body: Optional[bytes] = None,
+                   headers: Optional[Mapping[str, Any]] = None) -> KeyRow:
+        call = proto.fail(await self.extension(conn), key, response, response_code=response_code,
+                          retryable=retryable, scope=scope, attempt=attempt, ttl=ttl,
+                          body=body, headers=headers)
+        return await self._key_row(conn, call)
+
+    async def lookup(self, conn: AsyncConnection, key: str, *,
+                     scope: str = "") -> Optional[KeyRow]:
+        call = proto.lookup(await self.extension(conn), key, scope=scope)
+        return proto.parse_key_row(await self._run(conn, call))
+
+    async def extend(self, conn: AsyncConnection, key: str, attempt: int, lease: timedelta, *,
+                     scope: str = "") -> KeyRow:
+        call = proto.extend(await self.extension(conn), key, attempt, lease, scope=scope)
+        return await self._key_row(conn, call)
+
+    async def release(self, conn: AsyncConnection, key: str, attempt: int, *,
+                      scope: str = "") -> KeyRow:
+        call = proto.release(await self.extension(conn), key, attempt, scope=scope)
+        return await self._key_row(conn, call)
+
+    async def forget(self, conn: AsyncConnection, key: str, *, scope: str = "",
+                     force: bool = False) -> bool:
+        call = proto.forget(await self.extension(conn), key, scope=scope, force=force)
+        row = await self._run(conn, call)
+        assert row is not None
+        return bool(next(iter(row.values())))
+
+    async def _key_row(self, conn: AsyncConnection, call: proto.Call) -> KeyRow:
+        row = proto.parse_key_row(await self._run(conn, call))
+        assert row is not None
+        return row
+
+    async def _finish(self, conn: AsyncConnection, key: str, reply: Reply, *, scope: str,
+                      attempt: Optional[int]) -> KeyRow:
+        if reply.failed:
+            return await self.fail(conn, key, reply.response, response_code=reply.code,
+                                   retryable=reply.retryable, scope=scope, attempt=attempt,
+                                   body=reply.body, headers=reply.headers)
+        return await self.complete(conn, key, reply.response, response_code=reply.code,
+                                   scope=scope, attempt=attempt, body=reply.body,
+                                   headers=reply.headers)
+
+    # ---- same-transaction mode -----------------------------------------------------------
+
+    async def run_in_transaction(
+            self, key: str, handler: Callable[[AsyncConnection], Awaitable[Reply]], *,
+            request: Any = None, scope: str = "", ttl: Optional[timedelta] = None,
+            fingerprint: Optional[bytes] = None, wait: Optional[timedelta] = None,
+            on_exception: Optional[ExceptionPolicy] = None) -> RunResult:
+        """See ``Idempotency.run_in_transaction``."""
+        for retry in range(self.transaction_retries + 1):
+            try:
+                async with self.pool.connection() as conn:
+                    async with conn.transaction() as tx:
+                        result = await self._transaction_once(
+                            conn, key, handler, request=request, scope=scope, ttl=ttl,
+                            fingerprint=fingerprint, wait=wait, on_exception=on_exception)
+                        if isinstance(result, Executed) and result.row is None:
+                            raise psycopg.Rollback(tx)
+                    return result
+            except Exception as exc:
+                if not proto.retries_transaction(exc) or retry == self.transaction_retries:
+                    if isinstance(exc, psycopg.Error):
+                        raise proto.typed(exc) from exc
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _transaction_once(
+            self, conn: AsyncConnection, key: str,
+            handler: Callable[[AsyncConnection], Awaitable[Reply]], *, request: Any, scope: str,
+            ttl: Optional[timedelta], fingerprint: Optional[bytes], wait: Optional[timedelta],
+            on_exception: Optional[ExceptionPolicy]) -> RunResult:
+        claimed = await self.claim(conn, key, request=request, scope=scope, ttl=ttl,
+                                   fingerprint=fingerprint, wait=wait)
+        if claimed.outcome is not Outcome.CLAIMED:
+            return _not_claimed(claimed)
+        if on_exception is None:
+            reply = await handler(conn)
+        else:
+            try:
+                async with conn.transaction():  # savepoint: see Idempotency
+                    reply = await handler(conn)
+            except Exception as exc:
+                if proto.retries_transaction(exc):
+                    raise
+                policy_reply = on_exception(exc)
+                if policy_reply is None:
+                    raise
+                reply = policy_reply
+        if reply.failed and reply.retryable:
+            return Executed(reply, None)  # rolled back with the key by the caller
+        return Executed(reply, await self._finish(conn, key, reply, scope=scope,
+                                                  attempt=claimed.attempt))
+
+    # ---- lease mode ----------------------------------------------------------------------
+
+    async def run_with_lease(
+            self, key: str, handler: Callable[[Lease], Awaitable[Reply]], *,
+            request: Any = None, scope: str = "", ttl: Optional[timedelta] = None,
+            lease: Optional[timedelta] = None, fingerprint: Optional[bytes] = None,
+            wait: Optional[timedelta] = None, heartbeat: bool = False,
+            on_exception: Optional[ExceptionPolicy] = None,
+            conn: Optional[AsyncConnection] = None) -> RunResult:
+        """See ``Idempotency.run_with_lease``."""
+        lease = lease or self.lease
+        if heartbeat:
+            if lease is None:
+                raise errors.UsageError("heartbeat needs an explicit lease length (lease=...)")
+            (await self.extension(conn)).require("heartbeat (idem_extend)", proto.V1_2)
+        if conn is not None:
+            _check_no_transaction(conn)
+        claimed: ClaimResult = await self._leased(conn, lambda c: self.claim(
+            c, key, request=request, scope=scope, ttl=ttl, lease=lease,
+            fingerprint=fingerprint, wait=wait))
+        if claimed.outcome is not Outcome.CLAIMED:
+            return _not_claimed(claimed)
+        assert claimed.attempt is not None
+        held = Lease(key, scope, claimed.attempt, claimed.inserted)
+        beat = (asyncio.create_task(self._heartbeat(held, lease))
+                if heartbeat and lease is not None else None)
+        try:
+            try:
+                reply = await handler(held)
+            finally:
+                if beat is not None:
+                    beat.cancel()
+                    await asyncio.gather(beat, return_exceptions=True)
+        except Exception as exc:
+            policy_reply = on_exception(exc) if on_exception is not None else None
+            if policy_reply is None:
+                try:
+                    await self._leased(conn, lambda c: self._finish(
+                        c, key, Reply.failure(), scope=scope, attempt=held.attempt))
+                except (errors.StaleAttemptError, errors.KeyNotFoundError,
+                        errors.KeyNotPendingError):
+                    pass  # no longer this attempt's key: nothing to record; the error raises
+                raise
+            reply = policy_reply
+        row: KeyRow = await self._leased(conn, lambda c: self._finish(
+            c, key, reply, scope=scope, attempt=held.attempt))
+        return Executed(reply, row)
+
+    async def _leased(self, conn: Optional[AsyncConnection],
+                      call: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        for retry in range(self.transaction_retries + 1):
+            try:
+                if conn is not None:
+                    _check_no_transaction(conn)
+                    async with _autocommit(conn):
+                        return await call(conn)
+                async with self.pool.connection() as own:
+                    _check_no_transaction(own)
+                    async with _autocommit(own):
+                        return await call(own)
+            except errors.DatabaseError as exc:
+                if not exc.retry_transaction or retry == self.transaction_retries:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _heartbeat(self, held: Lease, length: timedelta) -> None:
+        """Extends the lease every third of its length until cancelled."""
+        while True:
+            await asyncio.sleep(length.total_seconds() / 3)
+            try:
+                await self._leased(None, lambda c: self.extend(c, held.key, held.attempt, length,
+                                                                scope=held.scope))
+            except (errors.StaleAttemptError, errors.KeyNotFoundError,
+                    errors.KeyNotPendingError) as exc:
+                held.lost = exc
+                return
+            except Exception as exc:  # the database is unreachable now: try at the next beat
+                held.heartbeat_error = exc

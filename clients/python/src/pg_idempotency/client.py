@@ -1,0 +1,324 @@
+"""The synchronous client over a psycopg 3 connection pool."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar, Union
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+from . import _protocol as proto
+from . import errors
+from .lease import Lease
+from .results import (ClaimResult, Executed, InProgress, KeyRow, Outcome, Replayed, Reply,
+                      RunResult)
+
+Connection = psycopg.Connection[Any]
+ExceptionPolicy = Callable[[Exception], Optional[Reply]]
+T = TypeVar("T")
+
+
+@contextmanager
+def _autocommit(conn: Connection) -> Iterator[None]:
+    """Run in autocommit on an idle connection: one round trip per call, no BEGIN/COMMIT."""
+    if conn.autocommit:
+        yield
+        return
+    conn.autocommit = True
+    try:
+        yield
+    finally:
+        conn.autocommit = False
+
+
+def _check_no_transaction(conn: Union[Connection, "psycopg.AsyncConnection[Any]"]) -> None:
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        raise errors.OpenTransactionError(
+            "lease mode must not run inside an open transaction: the claim would hold the key's "
+            "row lock until that transaction ends, and duplicates would wait instead of getting "
+            "in_progress; commit or roll back first, or use run_in_transaction"
+        )
+
+
+class Idempotency:
+    """Idempotency keys over a psycopg 3 ``ConnectionPool`` that the application owns.
+
+    The low-level methods (claim, complete, fail, lookup, extend, release, forget) run on a
+    connection you pass, in whatever transaction it has. The runners take connections from the
+    pool: ``run_in_transaction`` (same-transaction mode) and ``run_with_lease`` (lease mode).
+    """
+
+    def __init__(self, pool: ConnectionPool, *, lease: Optional[timedelta] = None,
+                 ttl: Optional[timedelta] = None, transaction_retries: int = 3) -> None:
+        self.pool = pool
+        self.lease = lease
+        self.ttl = ttl
+        #: how many times a transaction that failed with 40001 or 40P01 is run again
+        self.transaction_retries = transaction_retries
+        self._extension: Optional[proto.Extension] = None
+
+    # ---- the extension's functions -------------------------------------------------------
+
+    def extension(self, conn: Optional[Connection] = None) -> proto.Extension:
+        """The installed version and schema, read once per client."""
+        if self._extension is None:
+            if conn is None or (conn.info.transaction_status == TransactionStatus.IDLE
+                                and not conn.autocommit):
+                with self.pool.connection() as own, _autocommit(own):
+                    row = own.execute(proto.EXTENSION_QUERY).fetchone()
+            else:
+                row = conn.execute(proto.EXTENSION_QUERY).fetchone()
+            self._extension = proto.Extension.from_row(row)
+        return self._extension
+
+    def _run(self, conn: Connection, call: proto.Call) -> Optional[dict[str, Any]]:
+        try:
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(call.query, call.params)
+                return cur.fetchone()
+        except psycopg.Error as e:
+            raise proto.typed(e) from e
+
+    def claim(self, conn: Connection, key: str, *, request: Any = None, scope: str = "",
+              ttl: Optional[timedelta] = None, lease: Optional[timedelta] = None,
+              fingerprint: Optional[bytes] = None,
+              wait: Optional[timedelta] = None) -> ClaimResult:
+        call = proto.claim(self.extension(conn), key, request=request, scope=scope,
+                           ttl=ttl or self.ttl, lease=lease or self.lease,
+                           fingerprint=fingerprint, wait=wait)
+        row = self._run(conn, call)
+        assert row is not None
+        return proto.parse_claim(row)
+
+    def complete(self, conn: Connection, key: str, response: Any = None, *,
+                 response_code: int = 200, scope: str = "", attempt: Optional[int] = None,
+                 ttl: Optional[timedelta] = None, body: Optional[bytes] = None,
+                 headers: Optional[Mapping[str, Any]] = None) -> KeyRow:
+        call = proto.complete(self.extension(conn), key, response, response_code=response_code,
+                              scope=scope, attempt=attempt, ttl=ttl, body=body, headers=headers)
+        return self._key_row(conn, call)
+
+    def fail(self, conn: Connection, key: str, response: Any = None, *,
+             response_code: int = 500, retryable: bool = True, scope: str = "",
+             attempt: Optional[int] = None, ttl: Optional[timedelta] = None,
+             body: Optional[bytes] = None,
+             headers: Optional[Mapping[str, Any]] = None) -> KeyRow:
+        call = proto.fail(self.extension(conn), key, response, response_code=response_code,
+                          retryable=retryable, scope=scope, attempt=attempt, ttl=ttl,
+                          body=body, headers=headers)
+        return self._key_row(conn, call)
+
+    def lookup(self, conn: Connection, key: str, *, scope: str = "") -> Optional[KeyRow]:
+        """The committed key, or None (a missing key, and from 1.2 an expired one)."""
+        return proto.parse_key_row(self._run(conn, proto.lookup(self.extension(conn), key,
+                                                                scope=scope)))
+
+    def extend(self, conn: Connection, key: str, attempt: int, lease: timedelta, *,
+               scope: str = "") -> KeyRow:
+        """Heartbeat (1.2): the lease of this attempt ends ``lease`` from now."""
+        return self._key_row(conn, proto.extend(self.extension(conn), key, attempt, lease,
+                                                scope=scope))
+
+    def release(self, conn: Connection, key: str, attempt: int, *, scope: str = "") -> KeyRow:
+        """Give the key up without a result (1.2): the next claim takes it over at once."""
+        return self._key_row(conn, proto.release(self.extension(conn), key, attempt,
+                                                 scope=scope))
+
+    def forget(self, conn: Connection, key: str, *, scope: str = "", force: bool = False) -> bool:
+        """Delete the key whatever its state (1.2); a live lease needs ``force``."""
+        row = self._run(conn, proto.forget(self.extension(conn), key, scope=scope, force=force))
+        assert row is not None
+        return bool(next(iter(row.values())))
+
+    def _key_row(self, conn: Connection, call: proto.Call) -> KeyRow:
+        row = proto.parse_key_row(self._run(conn, call))
+        assert row is not None
+        return row
+
+    def _finish(self, conn: Connection, key: str, reply: Reply, *, scope: str,
+                attempt: Optional[int]) -> KeyRow:
+        if reply.failed:
+            return self.fail(conn, key, reply.response, response_code=reply.code,
+                             retryable=reply.retryable, scope=scope, attempt=attempt,
+                             body=reply.body, headers=reply.headers)
+        return self.complete(conn, key, reply.response, response_code=reply.code, scope=scope,
+                             attempt=attempt, body=reply.body, headers=reply.headers)
+
+    # ---- same-transaction mode -----------------------------------------------------------
+
+    def run_in_transaction(self, key: str, handler: Callable[[Connection], Reply], *,
+                           request: Any = None, scope: str = "",
+                           ttl: Optional[timedelta] = None, fingerprint: Optional[bytes] = None,
+                           wait: Optional[timedelta] = None,
+                           on_exception: Optional[ExceptionPolicy] = None) -> RunResult:
+        """Claim, run ``handler(conn)`` and store its reply in one transaction.
+
+        The handler's writes and the key commit together or not at all. A handler that raises,
+        or replies with a retryable failure, rolls everything back (the key vanishes: the retry
+        runs afresh). A success or a terminal failure commits with the handler's writes.
+        ``on_exception`` may turn an exception into a Reply, which is then stored (or, if it is
+        retryable, rolled back) without the handler's writes.
+        A transaction that fails with 40001 or 40P01 is run again, at most
+        ``transaction_retries`` times.
+        """
+        for retry in range(self.transaction_retries + 1):
+            try:
+                with self.pool.connection() as conn:
+                    with conn.transaction() as tx:
+                        result = self._transaction_once(conn, key, handler, request=request,
+                                                        scope=scope, ttl=ttl,
+                                                        fingerprint=fingerprint, wait=wait,
+                                                        on_exception=on_exception)
+                        if isinstance(result, Executed) and result.row is None:
+                            raise psycopg.Rollback(tx)
+                    return result
+            except Exception as exc:
+                if not proto.retries_transaction(exc) or retry == self.transaction_retries:
+                    if isinstance(exc, psycopg.Error):
+                        raise proto.typed(exc) from exc
+                    raise
+        raise AssertionError("unreachable")
+
+    def _transaction_once(self, conn: Connection, key: str,
+                          handler: Callable[[Connection], Reply], *, request: Any, scope: str,
+                          ttl: Optional[timedelta], fingerprint: Optional[bytes],
+                          wait: Optional[timedelta],
+                          on_exception: Optional[ExceptionPolicy]) -> RunResult:
+        claimed = self.claim(conn, key, request=request, scope=scope, ttl=ttl,
+                             fingerprint=fingerprint, wait=wait)
+        if claimed.outcome is not Outcome.CLAIMED:
+            return _not_claimed(claimed)
+        if on_exception is None:
+            reply = handler(conn)
+        else:
+            try:
+                # a savepoint, so that a failure stored by the policy leaves out the writes
+                with conn.transaction():
+                    reply = handler(conn)
+            except Exception as exc:
+                if proto.retries_transaction(exc):
+                    raise
+                policy_reply = on_exception(exc)
+                if policy_reply is None:
+                    raise
+                reply = policy_reply
+        if reply.failed and reply.retryable:
+            return Executed(reply, None)  # rolled back with the key by the caller
+        return Executed(reply, self._finish(conn, key, reply, scope=scope,
+                                            attempt=claimed.attempt))
+
+    # ---- lease mode ----------------------------------------------------------------------
+
+    def run_with_lease(self, key: str, handler: Callable[[Lease], Reply], *,
+                       request: Any = None, scope: str = "", ttl: Optional[timedelta] = None,
+                       lease: Optional[timedelta] = None, fingerprint: Optional[bytes] = None,
+                       wait: Optional[timedelta] = None, heartbeat: bool = False,
+                       on_exception: Optional[ExceptionPolicy] = None,
+                       conn: Optional[Connection] = None) -> RunResult:
+        """Claim in autocommit, run ``handler(lease)`` with no transaction open, then store its
+        reply fenced by the attempt.
+
+        ``conn``: run the claim and the finish on this connection (it must have no open
+        transaction) instead of pool connections. ``heartbeat`` (1.2) extends the lease every
+        third of its length while the handler runs. A handler that raises stores a retryable
+        failure (or what ``on_exception`` returns) and the exception propagates. A reply whose
+        attempt was taken over meanwhile raises StaleAttemptError: never report it as success.
+        """
+        lease = lease or self.lease
+        if heartbeat:
+            if lease is None:
+                raise errors.UsageError("heartbeat needs an explicit lease length (lease=...)")
+            self.extension(conn).require("heartbeat (idem_extend)", proto.V1_2)
+        if conn is not None:
+            _check_no_transaction(conn)
+        claimed: ClaimResult = self._leased(conn, lambda c: self.claim(
+            c, key, request=request, scope=scope, ttl=ttl, lease=lease,
+            fingerprint=fingerprint, wait=wait))
+        if claimed.outcome is not Outcome.CLAIMED:
+            return _not_claimed(claimed)
+        assert claimed.attempt is not None
+        held = Lease(key, scope, claimed.attempt, claimed.inserted)
+        beat = _Heartbeat(self, held, lease) if heartbeat and lease is not None else None
+        try:
+            if beat is not None:
+                beat.start()
+            try:
+                reply = handler(held)
+            finally:
+                if beat is not None:
+                    beat.stop()
+        except Exception as exc:
+            policy_reply = on_exception(exc) if on_exception is not None else None
+            if policy_reply is None:
+                try:
+                    self._leased(conn, lambda c: self._finish(
+                        c, key, Reply.failure(), scope=scope, attempt=held.attempt))
+                except (errors.StaleAttemptError, errors.KeyNotFoundError,
+                        errors.KeyNotPendingError):
+                    pass  # no longer this attempt's key: nothing to record; the error raises
+                raise
+            reply = policy_reply
+        row: KeyRow = self._leased(conn, lambda c: self._finish(c, key, reply, scope=scope,
+                                                          attempt=held.attempt))
+        return Executed(reply, row)
+
+    def _leased(self, conn: Optional[Connection], call: Callable[[Connection], T]) -> T:
+        """One autocommit call, on ``conn`` or on a pool connection, 40001 retried."""
+        for retry in range(self.transaction_retries + 1):
+            try:
+                if conn is not None:
+                    _check_no_transaction(conn)
+                    with _autocommit(conn):
+                        return call(conn)
+                with self.pool.connection() as own:
+                    _check_no_transaction(own)
+                    with _autocommit(own):
+                        return call(own)
+            except errors.DatabaseError as exc:
+                if not exc.retry_transaction or retry == self.transaction_retries:
+                    raise
+        raise AssertionError("unreachable")
+
+
+class _Heartbeat:
+    """Extends the lease every third of its length until stopped (a thread per run)."""
+
+    def __init__(self, client: Idempotency, lease: Lease, length: timedelta) -> None:
+        self._client = client
+        self._lease = lease
+        self._length = length
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="idempotency-heartbeat",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        held = self._lease
+        while not self._stopped.wait(self._length.total_seconds() / 3):
+            try:
+                self._client._leased(None, lambda c: self._client.extend(
+                    c, held.key, held.attempt, self._length, scope=held.scope))
+            except (errors.StaleAttemptError, errors.KeyNotFoundError,
+                    errors.KeyNotPendingError) as exc:
+                held.lost = exc
+                return
+            except Exception as exc:  # the database is unreachable now: try at the next beat
+                held.heartbeat_error = exc
+
+
+def _not_claimed(claimed: ClaimResult) -> RunResult:
+    if claimed.outcome is Outcome.REPLAY:
+        return Replayed(claimed)
+    return InProgress(proto.retry_after_seconds(claimed.retry_after, claimed.retry_after_s),
+                      claimed.attempt)

@@ -1,0 +1,37 @@
+"""What both test applications share: settings from the environment and the fake provider."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+DSN = os.environ["APP_DSN"]
+MARKERS = Path(os.environ["APP_MARKERS"])
+
+
+def mark_started(key: str) -> None:
+    """Tell the test that the handler is running (the kill -9 tests wait for this file)."""
+    (MARKERS / key).write_text(str(os.getpid()))
+
+
+def pause(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def order_body(order_id: int) -> bytes:
+    # deliberately not canonical JSON (key order, spacing): replays must keep these bytes
+    return ('{"order_id": %d,  "status": "created", "a": [1, 2.50]}' % order_id).encode()
+
+
+def charge_body(key: str, attempt: int) -> bytes:
+    return json.dumps({"charge": key, "attempt": attempt}, indent=1).encode()
+
+
+BINARY_BODY = bytes(range(256)) + b"\x00\xff"
+
+
+def as_int(value: Any, default: int = 0) -> int:
+    return int(value) if value is not None else default

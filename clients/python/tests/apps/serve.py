@@ -1,0 +1,30 @@
+"""Start one test application: serve.py flask|fastapi PORT (settings from the environment)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def main() -> None:
+    kind, port = sys.argv[1], int(sys.argv[2])
+    if kind == "flask":
+        import logging
+
+        from werkzeug.serving import make_server
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
+        from flask_app import create_app
+        make_server("127.0.0.1", port, create_app(), threaded=True).serve_forever()
+    else:
+        import uvicorn
+
+        from fastapi_app import create_app as create_fastapi
+        uvicorn.run(create_fastapi(), host="127.0.0.1", port=port, log_level="warning",
+                    access_log=False)
+
+
+if __name__ == "__main__":
+    main()

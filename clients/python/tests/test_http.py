@@ -1,0 +1,450 @@
+"""The Flask and FastAPI integrations, over real HTTP: each application runs in its own process
+(werkzeug's threaded server, uvicorn) on 127.0.0.1 against the real extension."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import httpx
+import psycopg
+import pytest
+
+HERE = Path(__file__).parent
+FRAMEWORKS = ["flask", "fastapi"]
+_next_port = [0]
+
+
+def free_port() -> int:
+    first, last = (int(p) for p in os.environ.get("IDEMPOTENCY_TEST_PORTS",
+                                                   "17100-17499").split("-"))
+    while True:
+        port = first + _next_port[0] % (last - first + 1)
+        _next_port[0] += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+
+
+class App:
+    """One application process; kill() is kill -9."""
+
+    def __init__(self, framework: str, dsn: str, markers: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, APP_DSN=dsn, APP_MARKERS=str(markers),
+                   PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"),
+                                               os.environ.get("PYTHONPATH", "")]))
+        self.process = subprocess.Popen(
+            [sys.executable, str(HERE / "apps" / "serve.py"), framework, str(self.port)],
+            env=env)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the {framework} application did not start")
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture(scope="session")
+def markers() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory() as d:
+        yield Path(d)
+
+
+@pytest.fixture(scope="session", params=FRAMEWORKS)
+def framework(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def started_apps() -> Iterator[dict[tuple[str, str], App]]:
+    apps: dict[tuple[str, str], App] = {}
+    yield apps
+    for running in apps.values():
+        running.stop()
+
+
+@pytest.fixture
+def app(framework: str, dsn: str, markers: Path,
+        started_apps: dict[tuple[str, str], App]) -> App:
+    """One application per framework and database, started once (the tests use fresh keys)."""
+    if (framework, dsn) not in started_apps:
+        started_apps[framework, dsn] = App(framework, dsn, markers)
+    return started_apps[framework, dsn]
+
+
+@pytest.fixture
+def client(app: App) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=app.url, timeout=60) as c:
+        yield c
+
+
+def count(conn: psycopg.Connection[Any], query: str, *args: Any) -> int:
+    row = conn.execute(query, args).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def key_row(conn: psycopg.Connection[Any], key: str) -> Optional[tuple[Any, ...]]:
+    return conn.execute("SELECT state, attempt, retryable, response_code FROM idem_keys"
+                        " WHERE key = %s", (key,)).fetchone()
+
+
+ORDER = {"customer": "ada", "total": 42}
+
+
+def post_order(client: httpx.Client, key: str, body: Any = None, **params: str) -> httpx.Response:
+    return client.post("/orders", params=params, headers={"Idempotency-Key": key},
+                       json=ORDER if body is None else body)
+
+
+def wait_for(path: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never started"
+        time.sleep(0.05)
+
+
+# ---- replay, fingerprints, keys -----------------------------------------------------------
+
+def test_replay_is_byte_exact(client: httpx.Client, conn: psycopg.Connection[Any],
+                              key: str) -> None:
+    first = post_order(client, key)
+    assert first.status_code == 201 and "Idempotent-Replayed" not in first.headers
+    second = post_order(client, key)
+    assert second.status_code == 201
+    assert second.content == first.content
+    assert second.headers["Location"] == first.headers["Location"]
+    assert second.headers["Content-Type"] == first.headers["Content-Type"]
+    assert second.headers["Idempotent-Replayed"] == "true"
+    assert "X-Not-Replayed" not in second.headers  # only the chosen headers are kept
+    order_id = json.loads(first.content)["order_id"]
+    assert first.headers["Location"] == f"/orders/{order_id}"
+    assert count(conn, "SELECT count(*) FROM orders WHERE idem_key = %s", key) == 1
+
+
+def test_binary_body_replays_byte_exact(client: httpx.Client, key: str) -> None:
+    first = client.post("/binary", headers={"Idempotency-Key": key}, content=b"x")
+    second = client.post("/binary", headers={"Idempotency-Key": key}, content=b"x")
+    assert first.status_code == second.status_code == 200
+    assert second.content == first.content == bytes(range(256)) + b"\x00\xff"
+    assert second.headers["Idempotent-Replayed"] == "true"
+
+
+def test_equivalent_json_replays_and_changed_body_is_422(client: httpx.Client, key: str,
+                                                         ext_version: str) -> None:
+    assert post_order(client, key).status_code == 201
+    # key order and spacing never matter; from 1.2 equal numbers (42, 42.0) do not either
+    total = b"42.0" if ext_version >= "1.2" else b"42"
+    same = client.post("/orders", headers={"Idempotency-Key": key,
+                                           "Content-Type": "application/json"},
+                       content=b'{ "total" : ' + total + b', "customer":"ada" }')
+    assert same.status_code == 201 and same.headers["Idempotent-Replayed"] == "true"
+    changed = post_order(client, key, {"customer": "ada", "total": 43})
+    assert changed.status_code == 422
+    assert changed.json()["error"] == "idempotency_key_mismatch"
+
+
+def test_scope_is_the_route_and_the_path_is_fingerprinted(client: httpx.Client, framework: str,
+                                                          conn: psycopg.Connection[Any],
+                                                          key: str) -> None:
+    for body in ({"n": 1}, b"plain"):
+        sent = {"json": body} if isinstance(body, dict) else {"content": body}
+        k = f"{key}-{type(body).__name__}"
+        first = client.post("/items/1", headers={"Idempotency-Key": k}, **sent)
+        assert first.status_code == 200 and first.text == "1"
+        again = client.post("/items/1", headers={"Idempotency-Key": k}, **sent)
+        assert again.headers["Idempotent-Replayed"] == "true" and again.text == "1"
+        other = client.post("/items/2", headers={"Idempotency-Key": k}, **sent)
+        assert other.status_code == 422
+    scopes = {r[0] for r in conn.execute("SELECT scope FROM idem_keys WHERE key LIKE %s",
+                                         (key + "-%",))}
+    assert scopes == {"POST /items/<item>" if framework == "flask" else "POST /items/{item}"}
+
+
+def test_bad_or_missing_key_is_400_before_the_database(client: httpx.Client,
+                                                       conn: psycopg.Connection[Any]) -> None:
+    before = count(conn, "SELECT count(*) FROM idem_keys")
+    assert client.post("/orders", json=ORDER).status_code == 400
+    for bad in ("", "x" * 256, "tab\there"):
+        response = client.post("/orders", headers={"Idempotency-Key": bad}, json=ORDER)
+        assert response.status_code == 400, bad
+        assert response.json()["error"] in ("idempotency_key_invalid", "idempotency_key_missing")
+    assert count(conn, "SELECT count(*) FROM idem_keys") == before
+
+
+def test_nul_in_json_body_is_400_before_the_database(client: httpx.Client,
+                                                     conn: psycopg.Connection[Any],
+                                                     key: str) -> None:
+    response = client.post("/orders", headers={"Idempotency-Key": key,
+                                               "Content-Type": "application/json"},
+                           content=b'{"customer": "a\\u0000b", "total": 1}')
+    assert response.status_code == 400 and response.json()["error"] == "invalid_json"
+    assert key_row(conn, key) is None
+
+
+def test_optional_key_runs_without_idempotency(client: httpx.Client) -> None:
+    assert client.post("/binary", content=b"x").status_code == 200
+    assert "Idempotent-Replayed" not in client.post("/binary", content=b"x").headers
+
+
+def test_tenant_is_part_of_the_scope(client: httpx.Client, conn: psycopg.Connection[Any],
+                                     key: str) -> None:
+    for tenant in ("acme", "globex"):
+        response = client.post("/orders", headers={"Idempotency-Key": key, "X-Tenant": tenant},
+                               json=ORDER)
+        assert response.status_code == 201 and "Idempotent-Replayed" not in response.headers
+    scopes = {r[0] for r in conn.execute("SELECT scope FROM idem_keys WHERE key = %s", (key,))}
+    assert scopes == {"acme:POST /orders", "globex:POST /orders"}
+
+
+# ---- failures by policy -------------------------------------------------------------------
+
+def test_retryable_failure_runs_again_and_terminal_failure_replays(
+        client: httpx.Client, conn: psycopg.Connection[Any], key: str) -> None:
+    headers = {"Idempotency-Key": key}
+    assert client.post("/payments", params={"status": "503"}, headers=headers,
+                       json={"amount": 1}).status_code == 503
+    assert key_row(conn, key) == ("failed", 1, True, 503)
+    ok = client.post("/payments", headers=headers, json={"amount": 1})
+    assert ok.status_code == 201 and ok.json()["attempt"] == 2
+
+    other = "k-" + uuid.uuid4().hex
+    headers = {"Idempotency-Key": other}
+    declined = client.post("/payments", params={"status": "402"}, headers=headers,
+                           json={"amount": 1})
+    assert declined.status_code == 402
+    again = client.post("/payments", params={"status": "201"}, headers=headers,
+                        json={"amount": 1})
+    assert again.status_code == 402 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.content == declined.content
+    assert count(conn, "SELECT count(*) FROM handler_runs WHERE idem_key = %s", other) == 1
+
+
+def test_framework_http_exception_is_an_answer(client: httpx.Client,
+                                               conn: psycopg.Connection[Any], key: str) -> None:
+    headers = {"Idempotency-Key": key}
+    aborted = client.post("/payments", params={"abort": "404"}, headers=headers, json={})
+    assert aborted.status_code == 404
+    assert key_row(conn, key) == ("failed", 1, False, 404)
+    again = client.post("/payments", headers=headers, json={})
+    assert again.status_code == 404 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.content == aborted.content
+
+
+def test_handler_exception_is_a_retryable_failure(client: httpx.Client,
+                                                  conn: psycopg.Connection[Any],
+                                                  key: str) -> None:
+    response = client.post("/raise", headers={"Idempotency-Key": key}, json={})
+    assert response.status_code == 500
+    assert key_row(conn, key) == ("failed", 1, True, 500)
+
+
+# ---- concurrency --------------------------------------------------------------------------
+
+def concurrently(app: App, send: Any) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    with httpx.Client(base_url=app.url, timeout=120, limits=limits) as c, \
+            ThreadPoolExecutor(64) as pool:
+        return list(pool.map(lambda _: send(c), range(64)))
+
+
+@pytest.mark.newest
+def test_64_concurrent_identical_orders_run_once(app: App, conn: psycopg.Connection[Any],
+                                                 key: str) -> None:
+    responses = concurrently(app, lambda c: post_order(c, key, pause="0.5"))
+    fresh = [r for r in responses if r.status_code == 201
+             and "Idempotent-Replayed" not in r.headers]
+    replays = [r for r in responses if r.headers.get("Idempotent-Replayed") == "true"]
+    busy = [r for r in responses if r.status_code == 409]
+    assert len(fresh) == 1 and len(fresh) + len(replays) + len(busy) == 64
+    assert all(r.content == fresh[0].content for r in replays)
+    assert count(conn, "SELECT count(*) FROM handler_runs WHERE idem_key = %s", key) == 1
+    assert count(conn, "SELECT count(*) FROM orders WHERE idem_key = %s", key) == 1
+
+
+@pytest.mark.newest
+def test_64_concurrent_identical_payments_run_once(app: App, conn: psycopg.Connection[Any],
+                                                   key: str) -> None:
+    responses = concurrently(app, lambda c: c.post(
+        "/payments", params={"pause": "1"}, headers={"Idempotency-Key": key},
+        json={"amount": 5}))
+    fresh = [r for r in responses if r.status_code == 201
+             and "Idempotent-Replayed" not in r.headers]
+    busy = [r for r in responses if r.status_code == 409]
+    replays = [r for r in responses if r.headers.get("Idempotent-Replayed") == "true"]
+    assert len(fresh) == 1 and len(fresh) + len(busy) + len(replays) == 64
+    assert busy, "a duplicate during the lease must get 409, not wait"
+    for r in busy:
+        assert r.json()["error"] == "idempotency_key_in_progress"
+        assert 1 <= int(r.headers["Retry-After"]) <= 2
+    assert count(conn, "SELECT count(*) FROM handler_runs WHERE idem_key = %s", key) == 1
+
+
+# ---- crashes and takeovers ----------------------------------------------------------------
+
+@pytest.mark.newest
+def test_kill9_during_same_transaction_handler(framework: str, dsn: str, markers: Path, app: App,
+                                               conn: psycopg.Connection[Any], key: str) -> None:
+    doomed = App(framework, dsn, markers)
+    try:
+        sent = threading.Thread(target=lambda: _ignore_errors(
+            lambda: post_order(httpx.Client(base_url=doomed.url, timeout=60), key, pause="60")))
+        sent.start()
+        wait_for(markers / key)
+        doomed.kill()
+        sent.join()
+    finally:
+        doomed.stop()
+    # the order and the key were written in the open transaction: both vanish with it
+    assert count(conn, "SELECT count(*) FROM orders WHERE idem_key = %s", key) == 0
+    with httpx.Client(base_url=app.url, timeout=60) as c:  # the retry reaches another instance
+        retry = post_order(c, key)
+        assert retry.status_code == 201 and "Idempotent-Replayed" not in retry.headers
+        assert post_order(c, key).headers["Idempotent-Replayed"] == "true"
+    assert count(conn, "SELECT count(*) FROM orders WHERE idem_key = %s", key) == 1
+    assert key_row(conn, key) == ("succeeded", 1, None, 201)
+
+
+@pytest.mark.newest
+def test_kill9_during_leased_handler(framework: str, dsn: str, markers: Path, app: App,
+                                     conn: psycopg.Connection[Any], key: str) -> None:
+    doomed = App(framework, dsn, markers)
+    try:
+        sent = threading.Thread(target=lambda: _ignore_errors(lambda: httpx.Client(
+            base_url=doomed.url, timeout=60).post("/payments", params={"pause": "60"},
+                                                  headers={"Idempotency-Key": key},
+                                                  json={"amount": 7})))
+        sent.start()
+        wait_for(markers / f"{key}.1")
+        doomed.kill()
+        sent.join()
+    finally:
+        doomed.stop()
+    with httpx.Client(base_url=app.url, timeout=60) as c:
+        def retry() -> httpx.Response:
+            return c.post("/payments", headers={"Idempotency-Key": key}, json={"amount": 7})
+        response = retry()
+        while response.status_code == 409:  # the dead worker's lease (2 s) still runs
+            time.sleep(int(response.headers["Retry-After"]))
+            response = retry()
+        assert response.status_code == 201 and response.json()["attempt"] == 2
+    assert key_row(conn, key) == ("succeeded", 2, None, 201)
+    assert conn.execute("SELECT attempt FROM provider_charges WHERE provider_key = %s",
+                        (key,)).fetchall() == [(2,)]
+
+
+@pytest.mark.newest
+def test_stale_worker_completion_is_rejected(app: App, markers: Path,
+                                             conn: psycopg.Connection[Any], key: str) -> None:
+    stale: list[httpx.Response] = []
+
+    def slow() -> None:
+        with httpx.Client(base_url=app.url, timeout=60) as c:
+            stale.append(c.post("/payments", params={"pause": "4"},
+                                headers={"Idempotency-Key": key}, json={"amount": 9}))
+
+    worker = threading.Thread(target=slow)
+    worker.start()
+    wait_for(markers / f"{key}.1")
+    with httpx.Client(base_url=app.url, timeout=60) as c:
+        def retry() -> httpx.Response:
+            return c.post("/payments", headers={"Idempotency-Key": key}, json={"amount": 9})
+        response = retry()
+        while response.status_code == 409:
+            time.sleep(int(response.headers["Retry-After"]))
+            response = retry()
+    assert response.status_code == 201 and response.json()["attempt"] == 2
+    worker.join()
+    assert stale[0].status_code == 409  # never a 2xx: attempt 2 owns the key
+    assert stale[0].json()["error"] == "idempotency_attempt_stale"
+    assert key_row(conn, key) == ("succeeded", 2, None, 201)
+    # both attempts called the provider with the same key; the provider kept one charge
+    assert count(conn, "SELECT count(*) FROM provider_charges WHERE provider_key = %s",
+                 key) == 1
+
+
+def _ignore_errors(call: Any) -> None:
+    try:
+        call()
+    except httpx.TransportError:
+        pass  # the application was killed under this request
+
+
+# ---- version 1.2 --------------------------------------------------------------------------
+
+@pytest.mark.versions("1.2")
+def test_heartbeat_keeps_a_long_job_alive(app: App, markers: Path,
+                                          conn: psycopg.Connection[Any], key: str) -> None:
+    done: list[httpx.Response] = []
+    worker = threading.Thread(target=lambda: done.append(httpx.post(
+        app.url + "/heartbeat", params={"pause": "3.5"}, headers={"Idempotency-Key": key},
+        json={}, timeout=60)))
+    worker.start()
+    wait_for(markers / f"{key}.1")
+    with httpx.Client(base_url=app.url, timeout=60) as c:
+        duplicates = 0
+        while worker.is_alive():  # 3.5 s of work under a 1 s lease: never taken over
+            response = c.post("/heartbeat", headers={"Idempotency-Key": key}, json={})
+            if response.headers.get("Idempotent-Replayed"):
+                break
+            assert response.status_code == 409, response.text
+            duplicates += 1
+            time.sleep(0.3)
+    worker.join()
+    assert duplicates >= 3
+    assert done[0].status_code == 200 and done[0].json()["attempt"] == 1
+    assert key_row(conn, key) == ("succeeded", 1, None, 200)
+
+
+@pytest.mark.versions("1.1")
+def test_heartbeat_route_on_1_1_fails_before_claiming(client: httpx.Client,
+                                                     conn: psycopg.Connection[Any],
+                                                     key: str) -> None:
+    response = client.post("/heartbeat", headers={"Idempotency-Key": key}, json={})
+    assert response.status_code == 500
+    assert key_row(conn, key) is None
+
+
+@pytest.mark.versions("1.2")
+def test_replay_uses_the_body_and_headers_columns(client: httpx.Client,
+                                                  conn: psycopg.Connection[Any],
+                                                  key: str) -> None:
+    first = post_order(client, key)
+    row = conn.execute("SELECT response, response_body, response_headers FROM idem_keys"
+                       " WHERE key = %s", (key,)).fetchone()
+    assert row is not None and row[0] is None and bytes(row[1]) == first.content
+    assert row[2] == {"Content-Type": "application/json",
+                      "Location": first.headers["Location"]}
