@@ -1,5 +1,5 @@
 # Claiming at a high rate floods no log and leaves no range of idem_keys unsummarized for the
-# reaper (issue 14). With autosummarize on the BRIN index of expires_at, every claim that starts a
+# reaper. With autosummarize on the BRIN index of expires_at, every claim that starts a
 # new block range queues a summarization request in autovacuum's small work-item queue; when
 # autovacuum drains it slower than claims fill it (here: a naptime of a day), PostgreSQL logs
 # "request for BRIN range summarization ... was not recorded" and the range stays unsummarized,

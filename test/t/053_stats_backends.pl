@@ -1,4 +1,4 @@
-# idem_stats with per-backend counters (issue 14): every backend counts in its own slot and the
+# idem_stats with per-backend counters: every backend counts in its own slot and the
 # view sums them. The counts of backends that have exited stay, concurrent counting loses
 # nothing, a reset zeroes what live and exited backends counted, and databases stay apart.
 use strict;
