@@ -1,5 +1,7 @@
 #include "access/keytable.hpp"
 
+#include "access/lockwait.hpp"
+
 namespace idem {
 
 // Heap operations take a snapshot argument that heapam only uses for crosscheck: the statement's.
@@ -138,8 +140,9 @@ pkey_scankeys(KeyTable *kt, Datum scope, Datum key, ScanKeyData *keys)
 	keys[1].sk_argument = key;
 }
 
-bool
-keytable_find_latest(KeyTable *kt, Datum scope, Datum key)
+// keytable_find_latest, waiting for other transactions until *deadline when one is given.
+static Found
+find_latest(KeyTable *kt, Datum scope, Datum key, const TimestampTz *deadline)
 {
 	ScanKeyData keys[2];
 	pkey_scankeys(kt, scope, key, keys);
@@ -153,21 +156,37 @@ keytable_find_latest(KeyTable *kt, Datum scope, Datum key)
 		bool found = index_getnext_slot(scan, ForwardScanDirection, kt->found);
 		index_endscan(scan);
 		if (!found)
-			return false;
+			return Found::none;
 
 		// Another transaction is inserting, updating or deleting this version: wait for its
 		// decision (for a speculative insertion, just for that), then look again.
 		TransactionId xwait = TransactionIdIsValid(dirty.xmin) ? dirty.xmin : dirty.xmax;
 		if (!TransactionIdIsValid(xwait))
-			return true;
+			return Found::row;
 		ItemPointerData tid = kt->found->tts_tid;
+		// Nothing pinned while waiting.
 		ExecClearTuple(kt->found);
+		// A speculative inserter holds its token only while it checks its index entries.
 		if (dirty.speculativeToken != 0)
 			SpeculativeInsertionWait(dirty.xmin, dirty.speculativeToken);
-		else
+		else if (deadline == nullptr)
 			XactLockTableWait(xwait, kt->rel, &tid, XLTW_InsertIndex);
+		else if (!xact_wait_until(xwait, kt->rel, &tid, *deadline))
+			return Found::busy;
 		CHECK_FOR_INTERRUPTS();
 	}
+}
+
+bool
+keytable_find_latest(KeyTable *kt, Datum scope, Datum key)
+{
+	return find_latest(kt, scope, key, nullptr) == Found::row;
+}
+
+Found
+keytable_find_latest_until(KeyTable *kt, Datum scope, Datum key, TimestampTz deadline)
+{
+	return find_latest(kt, scope, key, &deadline);
 }
 
 bool
@@ -282,6 +301,12 @@ keytable_read(KeyTable *kt, TupleTableSlot *slot, KeyRow *row)
 		row->value[c] = slot->tts_values[i];
 		row->isnull[c] = slot->tts_isnull[i];
 	}
+}
+
+void
+keytable_release_found(KeyTable *kt)
+{
+	ExecClearTuple(kt->found);
 }
 
 TransactionId
@@ -433,6 +458,15 @@ keytable_update(KeyTable *kt, const KeyRow *row)
 			elog(ERROR, "idempotency: unexpected result %d updating idem_keys", (int) result);
 	}
 	pg_unreachable();
+}
+
+bool
+keytable_update_until(KeyTable *kt, const KeyRow *row, TimestampTz deadline, TM_Result *result)
+{
+	// Opened outside the subtransaction: its abort would close them under us.
+	open_indexes(kt);
+	auto update = [&] { *result = keytable_update(kt, row); };
+	return with_lock_deadline(deadline, update);
 }
 
 bool

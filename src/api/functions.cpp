@@ -116,6 +116,7 @@ IDEM_SQL_FUNCTION(idem_claim)
 	in.scope = scope_arg(fcinfo, 2);
 	in.ttl = duration_arg(fcinfo, 3, "ttl");
 	in.lease = duration_arg(fcinfo, 4, "lease");
+	in.wait = nullptr;
 	in.has_fingerprint = false;
 	if (!PG_ARGISNULL(5))
 	{
@@ -144,7 +145,9 @@ IDEM_SQL_FUNCTION(idem_claim)
 	values[0] = ObjectIdGetDatum(type->outcome_label[(int) out.outcome]);
 	values[1] = BoolGetDatum(out.inserted);
 	values[2] = Int32GetDatum(out.attempt);
+	isnull[2] = out.unseen;
 	values[3] = out.state;
+	isnull[3] = out.unseen;
 	values[4] = out.response;
 	isnull[4] = out.response_null;
 	values[5] = Int32GetDatum(out.response_code);
@@ -152,6 +155,7 @@ IDEM_SQL_FUNCTION(idem_claim)
 	values[6] = PointerGetDatum(out.retry_after);
 	isnull[6] = out.retry_after == nullptr;
 	values[7] = TimestampTzGetDatum(out.expires_at);
+	isnull[7] = out.unseen;
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(type->desc, values, isnull)));
 }
 

@@ -23,6 +23,7 @@ struct ClaimInput
 	Datum fingerprint;        // bytea, when has_fingerprint
 	const Interval *ttl;      // nullptr: idempotency.default_ttl
 	const Interval *lease;    // nullptr: idempotency.default_lease
+	const Interval *wait;     // nullptr: NULL
 };
 
 // idem_claim_result, from the key's row after the claim.
@@ -30,6 +31,8 @@ struct ClaimOutput
 {
 	Outcome outcome;
 	bool inserted;
+	bool unseen;              // in_progress behind another transaction's uncommitted write:
+	                          // no committed row to show, every column below NULL
 	int32 attempt;
 	Datum state;              // idem_state label
 	bool response_null;
