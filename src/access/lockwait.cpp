@@ -1,9 +1,5 @@
 #include "access/lockwait.hpp"
 
-extern "C" {
-#include "storage/proc.h"
-}
-
 namespace idem {
 
 // Milliseconds from now to the deadline, rounded up; at least 1, since 0 disables lock_timeout.
@@ -19,11 +15,6 @@ bool
 run_with_lock_deadline(TimestampTz deadline, void (*fn)(void *), void *arg)
 {
 	int timeout = lock_timeout_ms(deadline);
-	if (LockTimeout > 0 && LockTimeout <= timeout)
-	{
-		fn(arg);
-		return true;
-	}
 	MemoryContext caller = CurrentMemoryContext;
 	ResourceOwner owner = CurrentResourceOwner;
 	BeginInternalSubTransaction(nullptr);
@@ -50,7 +41,7 @@ run_with_lock_deadline(TimestampTz deadline, void (*fn)(void *), void *arg)
 		RollbackAndReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(caller);
 		CurrentResourceOwner = owner;
-		// Only our lock_timeout raises this here (a shorter session one took the branch above).
+		// Only our lock_timeout raises this here: it replaced the session's.
 		if (error->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
 			ReThrowError(error);
 		FreeErrorData(error);

@@ -11,8 +11,8 @@ namespace idem {
 // Runs fn(arg), whose lock waits end at `deadline`: true when it ran to the end, false when a lock
 // wait ran out (whatever fn did is rolled back). Any other error, cancel and statement_timeout
 // included, propagates. The lock manager counts in whole milliseconds, so a deadline already passed
-// still allows a wait of 1 ms. A session lock_timeout shorter than the time left applies as usual
-// (fn runs directly and its 55P03 propagates): the caller asked for that bound first.
+// still allows a wait of 1 ms. The deadline replaces the session's lock_timeout inside fn: the
+// caller's explicit bound is the more specific one.
 bool run_with_lock_deadline(TimestampTz deadline, void (*fn)(void *), void *arg);
 
 template <typename Fn>
