@@ -521,7 +521,7 @@ claim_with_policies(const Catalog *c, const ClaimInput *in, Waiter *waiter, Clai
 {
 	PolicySql ps;
 	policy_begin(&ps, c);
-	for (int unseen = 0;;)
+	for (int hidden_tries = 0;;)
 	{
 		CHECK_FOR_INTERRUPTS();
 		KeyRow row, stored;
@@ -542,7 +542,7 @@ claim_with_policies(const Catalog *c, const ClaimInput *in, Waiter *waiter, Clai
 		if (!policy_fetch(&ps, in->scope, in->key, false, &stored, &xmin, nullptr))
 		{
 			// Reaped since the insert saw it, or hidden by a policy: a few tries tell them apart.
-			if (++unseen > 3)
+			if (++hidden_tries > 3)
 				hidden_key(in->key);
 			continue;
 		}
