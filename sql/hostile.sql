@@ -97,7 +97,7 @@ CALL pg_temp.bad(1, $$SELECT idem_claim(NULL, '{}', 'hx')$$);
 CALL pg_temp.bad(2, $$SELECT idem_claim('hx-pending', '{}', NULL)$$);
 CALL pg_temp.bad(3, $$SELECT idem_claim(NULL, NULL, NULL, NULL, NULL, NULL)$$);
 CALL pg_temp.bad(4, $$SELECT idem_complete(NULL, '{}', 200, 'hx', 1)$$);
-CALL pg_temp.bad(5, $$SELECT idem_complete('hx-pending', NULL, 200, 'hx', 1)$$);
+CALL pg_temp.bad(5, $$SELECT idem_complete('hx-pending', '{}', 200, 'hx', 1, headers => '["Location"]')$$);
 CALL pg_temp.bad(6, $$SELECT idem_complete('hx-pending', '{}', NULL, 'hx', 1)$$);
 CALL pg_temp.bad(7, $$SELECT idem_complete('hx-pending', '{}', 200, NULL, 1)$$);
 CALL pg_temp.bad(8, $$SELECT idem_fail(NULL, '{}', 500, true, 'hx', 1)$$);

@@ -44,8 +44,8 @@ SELECT state, response, response_code, retryable FROM idem_fail('in-1', NULL, 50
 SELECT outcome, attempt FROM idem_claim('in-1', NULL, 'in');
 SELECT state, attempt FROM idem_complete('in-1', '{}', 200, 'in', NULL);
 -- required arguments are checked before the key is read: 22004, not IK003 / IK004
-CALL pg_temp.expect_error($$SELECT idem_complete('in-missing', NULL, 200, 'in')$$);
-CALL pg_temp.expect_error($$SELECT idem_complete('in-1', NULL, 200, 'in')$$);
+CALL pg_temp.expect_error($$SELECT idem_complete('in-missing', '{}', NULL, 'in')$$);
+CALL pg_temp.expect_error($$SELECT idem_complete('in-1', '{}', NULL, 'in')$$);
 CALL pg_temp.expect_error($$SELECT idem_fail('in-1', '{}', 500, NULL, 'in')$$);
 CALL pg_temp.expect_error($$SELECT idem_fail('in-missing', '{}', NULL, true, 'in')$$);
 SELECT key, state, attempt, response FROM in_keys ORDER BY key;

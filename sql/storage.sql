@@ -97,16 +97,13 @@ FROM generate_series(2, 600, 4) g,
 BEGIN;
 LOCK TABLE idem_keys IN SHARE MODE;
 SELECT pg_sleep(0.5);
+SELECT idem_reap(50);
+SELECT idem_reap();
+-- the reaped keys are claimed anew (so would the expired ones be, reaped or not)
 SELECT c.outcome, c.inserted, c.attempt, count(*)
 FROM generate_series(1, 600) g,
      LATERAL idem_claim('st-churn-' || g, jsonb_build_object('g', g), 'st-churn', ttl => '2 days') c
 GROUP BY 1, 2, 3 ORDER BY 1, 2, 3;
-SELECT idem_reap(50);
-SELECT idem_reap();
-SELECT count(*) AS claimed
-FROM generate_series(1, 600) g,
-     LATERAL idem_claim('st-churn-' || g, jsonb_build_object('g', g), 'st-churn') c
-WHERE c.inserted;
 SELECT state, count(*) FROM idem_keys WHERE scope = 'st-churn' GROUP BY 1 ORDER BY 1;
 COMMIT;
 SELECT bt_index_check('idem_keys_pkey', true);

@@ -17,7 +17,8 @@ static AclMode acl_held = 0;
 
 const char *const column_names[NUM_COLUMNS] = {
 	"scope",     "key",        "state",        "attempt",      "fingerprint", "response",
-	"response_code", "retryable", "created_at", "locked_until", "completed_at", "expires_at"};
+	"response_code", "retryable", "created_at", "locked_until", "completed_at", "expires_at",
+	"response_body", "response_headers", "claimed_at"};
 
 const char *const state_labels[NUM_STATES] = {"pending", "succeeded", "failed"};
 
@@ -73,14 +74,28 @@ build(Catalog *c)
 	c->pkey_oid = relation_in("idem_keys_pkey", nsp);
 	c->expiry_oid = relation_in("idem_keys_expires_at_idx", nsp);
 
+	c->version_1_2 = true;
 	for (int i = 0; i < NUM_COLUMNS; i++)
 	{
 		c->attnum[i] = get_attnum(c->relid, column_names[i]);
 		if (c->attnum[i] == InvalidAttrNumber)
-			elog(ERROR, "idempotency: column \"%s\" of idem_keys does not exist", column_names[i]);
+		{
+			if (i < FIRST_1_2_COLUMN)
+				elog(ERROR, "idempotency: column \"%s\" of idem_keys does not exist", column_names[i]);
+			c->version_1_2 = false;
+			c->type[i] = InvalidOid;
+			c->typlen[i] = -1;
+			c->typbyval[i] = false;
+			continue;
+		}
 		c->type[i] = get_atttype(c->relid, c->attnum[i]);
 		get_typlenbyval(c->type[i], &c->typlen[i], &c->typbyval[i]);
 	}
+	// Partly updated is not a state ALTER EXTENSION leaves (one transaction); refuse to guess.
+	if (!c->version_1_2)
+		for (int i = FIRST_1_2_COLUMN; i < NUM_COLUMNS; i++)
+			if (c->attnum[i] != InvalidAttrNumber)
+				elog(ERROR, "idempotency: idem_keys has some of the 1.2 columns but not all");
 	for (int i = 0; i < NUM_STATES; i++)
 		c->state_label[i] = enum_label(c->type[COL_STATE], state_labels[i]);
 

@@ -7,7 +7,9 @@
 
 namespace idem {
 
-// The public columns of idem_keys (SPEC §1), in their documented order.
+// The public columns of idem_keys (SPEC §1 and §9.7), in their documented order. The columns
+// from COL_RESPONSE_BODY on came with 1.2: until ALTER EXTENSION UPDATE adds them, a 1.1 table
+// lacks them, and they read as NULL and are not written.
 enum Column
 {
 	COL_SCOPE,
@@ -22,8 +24,13 @@ enum Column
 	COL_LOCKED_UNTIL,
 	COL_COMPLETED_AT,
 	COL_EXPIRES_AT,
+	COL_RESPONSE_BODY,
+	COL_RESPONSE_HEADERS,
+	COL_CLAIMED_AT,
 	NUM_COLUMNS
 };
+
+constexpr int FIRST_1_2_COLUMN = COL_RESPONSE_BODY;
 
 extern const char *const column_names[NUM_COLUMNS];
 
@@ -43,7 +50,8 @@ struct Catalog
 	Oid relid;
 	Oid pkey_oid;    // idem_keys_pkey: (scope, key)
 	Oid expiry_oid;  // idem_keys_expires_at_idx: (expires_at)
-	AttrNumber attnum[NUM_COLUMNS];
+	AttrNumber attnum[NUM_COLUMNS]; // InvalidAttrNumber: a 1.2 column of a 1.1 table
+	bool version_1_2;               // the 1.2 columns exist (ALTER EXTENSION UPDATE has run)
 	Oid type[NUM_COLUMNS];
 	int16 typlen[NUM_COLUMNS];
 	bool typbyval[NUM_COLUMNS];

@@ -20,6 +20,10 @@ privileges_for(Access access)
 			return ACL_SELECT;
 		case Access::write:
 			return ACL_SELECT | ACL_INSERT | ACL_UPDATE;
+		case Access::update:
+			return ACL_SELECT | ACL_UPDATE;
+		case Access::forget:
+			return ACL_SELECT | ACL_DELETE;
 		case Access::reap:
 			return ACL_DELETE;
 	}
@@ -298,8 +302,8 @@ keytable_read(KeyTable *kt, TupleTableSlot *slot, KeyRow *row)
 	for (int c = 0; c < NUM_COLUMNS; c++)
 	{
 		int i = kt->catalog.attnum[c] - 1;
-		row->value[c] = slot->tts_values[i];
-		row->isnull[c] = slot->tts_isnull[i];
+		row->value[c] = i < 0 ? (Datum) 0 : slot->tts_values[i];
+		row->isnull[c] = i < 0 ? true : slot->tts_isnull[i];
 	}
 }
 
@@ -322,8 +326,8 @@ keytable_found_visible_to(KeyTable *kt, Snapshot snapshot)
 	return table_tuple_satisfies_snapshot(kt->rel, kt->found, snapshot);
 }
 
-// Forms the tuple to write into kt->written. Columns that are not ours (none in 1.0) keep the
-// values of `base`, the version being replaced, or are NULL in a new row.
+// Forms the tuple to write into kt->written. Columns that are not ours keep the values of `base`,
+// the version being replaced, or are NULL in a new row; ours that the table lacks are skipped.
 static void
 store_written(KeyTable *kt, const KeyRow *row, TupleTableSlot *base)
 {
@@ -344,6 +348,8 @@ store_written(KeyTable *kt, const KeyRow *row, TupleTableSlot *base)
 	for (int c = 0; c < NUM_COLUMNS; c++)
 	{
 		int i = kt->catalog.attnum[c] - 1;
+		if (i < 0)
+			continue;
 		values[i] = row->value[c];
 		isnull[i] = row->isnull[c];
 	}
@@ -456,6 +462,24 @@ keytable_update(KeyTable *kt, const KeyRow *row)
 			return result;
 		default:
 			elog(ERROR, "idempotency: unexpected result %d updating idem_keys", (int) result);
+	}
+	pg_unreachable();
+}
+
+TM_Result
+keytable_delete(KeyTable *kt)
+{
+	TM_FailureData tmfd;
+	TM_Result result = table_tuple_delete(kt->rel, &kt->found->tts_tid, GetCurrentCommandId(true),
+	                                      statement_snapshot(), InvalidSnapshot, true, &tmfd, false);
+	switch (result)
+	{
+		case TM_Ok:
+		case TM_Updated:
+		case TM_Deleted:
+			return result;
+		default:
+			elog(ERROR, "idempotency: unexpected result %d deleting from idem_keys", (int) result);
 	}
 	pg_unreachable();
 }

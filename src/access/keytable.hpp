@@ -33,8 +33,10 @@ struct KeyTable
 enum class Access
 {
 	read,  // idem_lookup: SELECT
-	write, // claim, complete, fail: SELECT, INSERT, UPDATE
-	reap,  // idem_reap: DELETE
+	write,  // claim, complete, fail: SELECT, INSERT, UPDATE
+	update, // extend, release: SELECT, UPDATE (UPDATE ... WHERE key = ...)
+	forget, // idem_forget: SELECT, DELETE (DELETE ... WHERE key = ... reads the key)
+	reap,   // idem_reap: DELETE
 };
 
 // Opens idem_keys and, for writers, its indexes; checks privileges as the equivalent SQL would and
@@ -96,6 +98,10 @@ TM_Result keytable_update(KeyTable *kt, const KeyRow *row);
 // keytable_update with its waits for concurrent writers ending at `deadline`: false, with nothing
 // written, when one still holds the row then (see access/lockwait.hpp: at least 1 ms).
 bool keytable_update_until(KeyTable *kt, const KeyRow *row, TimestampTz deadline, TM_Result *result);
+
+// Deletes the version in kt->found, waiting for a concurrent writer of it. TM_Ok, or TM_Updated /
+// TM_Deleted when that version is no longer the newest.
+TM_Result keytable_delete(KeyTable *kt);
 
 // Deletes the version in kt->found unless another transaction holds or changed it: never waits.
 bool keytable_delete_unless_busy(KeyTable *kt);

@@ -2,14 +2,28 @@
 
 extern "C" {
 #include "executor/spi.h"
+#include "lib/stringinfo.h"
 }
 
 namespace idem {
 
-// Every statement returns the columns in Column order, then xmin, then the whole row.
-static const char *const returned =
-    "t.scope, t.key, t.state, t.attempt, t.fingerprint, t.response, t.response_code, t.retryable, "
-    "t.created_at, t.locked_until, t.completed_at, t.expires_at, t.xmin, t";
+// Every statement returns the columns in Column order (NULL for a 1.2 column that a 1.1 table
+// lacks), then xmin, then the whole row.
+static const char *
+returned(const Catalog *c)
+{
+	StringInfoData sql;
+	initStringInfo(&sql);
+	for (int col = 0; col < NUM_COLUMNS; col++)
+	{
+		if (c->attnum[col] == InvalidAttrNumber)
+			appendStringInfoString(&sql, "NULL, ");
+		else
+			appendStringInfo(&sql, "t.%s, ", column_names[col]);
+	}
+	appendStringInfoString(&sql, "t.xmin, t");
+	return sql.data;
+}
 
 void
 policy_begin(PolicySql *ps, const Catalog *catalog)
@@ -36,7 +50,8 @@ policy_end(PolicySql *ps)
 static void
 run(const char *sql, int nargs, Oid *types, Datum *values, const bool *isnull, int expected)
 {
-	char nulls[32];
+	char nulls[32] = {};
+	Assert(nargs <= (int) sizeof(nulls));
 	for (int i = 0; i < nargs; i++)
 		nulls[i] = isnull[i] ? 'n' : ' ';
 	int rc = SPI_execute_with_args(sql, nargs, types, values, nulls, false, 0);
@@ -68,30 +83,46 @@ first_row(PolicySql *ps, KeyRow *out, TransactionId *xmin, Datum *whole)
 	return true;
 }
 
-static void
+// The row's values as parameters $1.. in Column order, for the columns the table has; their count.
+static int
 column_args(const PolicySql *ps, const KeyRow *row, Oid *types, Datum *values, bool *isnull)
 {
+	int n = 0;
 	for (int c = 0; c < NUM_COLUMNS; c++)
 	{
-		types[c] = ps->catalog->type[c];
-		values[c] = row->value[c];
-		isnull[c] = row->isnull[c];
+		if (ps->catalog->attnum[c] == InvalidAttrNumber)
+			continue;
+		types[n] = ps->catalog->type[c];
+		values[n] = row->value[c];
+		isnull[n] = row->isnull[c];
+		n++;
 	}
+	return n;
 }
 
 bool
 policy_insert(PolicySql *ps, const KeyRow *row, KeyRow *out, Datum *whole)
 {
-	char *sql = psprintf("INSERT INTO %s AS t (scope, key, state, attempt, fingerprint, response, "
-	                     "response_code, retryable, created_at, locked_until, completed_at, expires_at) "
-	                     "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) "
+	StringInfoData names, params;
+	initStringInfo(&names);
+	initStringInfo(&params);
+	int n = 0;
+	for (int c = 0; c < NUM_COLUMNS; c++)
+	{
+		if (ps->catalog->attnum[c] == InvalidAttrNumber)
+			continue;
+		n++;
+		appendStringInfo(&names, "%s%s", n > 1 ? ", " : "", column_names[c]);
+		appendStringInfo(&params, "%s$%d", n > 1 ? ", " : "", n);
+	}
+	char *sql = psprintf("INSERT INTO %s AS t (%s) VALUES (%s) "
 	                     "ON CONFLICT (scope, key) DO NOTHING RETURNING %s",
-	                     ps->table, returned);
+	                     ps->table, names.data, params.data, returned(ps->catalog));
 	Oid types[NUM_COLUMNS];
 	Datum values[NUM_COLUMNS];
 	bool isnull[NUM_COLUMNS];
-	column_args(ps, row, types, values, isnull);
-	run(sql, NUM_COLUMNS, types, values, isnull, SPI_OK_INSERT_RETURNING);
+	int nargs = column_args(ps, row, types, values, isnull);
+	run(sql, nargs, types, values, isnull, SPI_OK_INSERT_RETURNING);
 	return first_row(ps, out, nullptr, whole);
 }
 
@@ -99,8 +130,8 @@ bool
 policy_fetch(PolicySql *ps, Datum scope, Datum key, bool lock, KeyRow *out, TransactionId *xmin,
              Datum *whole)
 {
-	char *sql = psprintf("SELECT %s FROM %s AS t WHERE t.scope = $1 AND t.key = $2%s", returned,
-	                     ps->table, lock ? " FOR NO KEY UPDATE" : "");
+	char *sql = psprintf("SELECT %s FROM %s AS t WHERE t.scope = $1 AND t.key = $2%s",
+	                     returned(ps->catalog), ps->table, lock ? " FOR NO KEY UPDATE" : "");
 	Oid types[2] = {TEXTOID, TEXTOID};
 	Datum values[2] = {scope, key};
 	bool isnull[2] = {false, false};
@@ -111,25 +142,53 @@ policy_fetch(PolicySql *ps, Datum scope, Datum key, bool lock, KeyRow *out, Tran
 bool
 policy_update(PolicySql *ps, const KeyRow *old, const KeyRow *row, KeyRow *out, Datum *whole)
 {
-	char *sql = psprintf("UPDATE %s AS t SET state = $3, attempt = $4, fingerprint = $5, "
-	                     "response = $6, response_code = $7, retryable = $8, created_at = $9, "
-	                     "locked_until = $10, completed_at = $11, expires_at = $12 "
-	                     "WHERE t.scope = $1 AND t.key = $2 AND t.attempt = $13 AND t.state = $14 "
-	                     "RETURNING %s",
-	                     ps->table, returned);
-	Oid types[NUM_COLUMNS + 2];
-	Datum values[NUM_COLUMNS + 2];
-	bool isnull[NUM_COLUMNS + 2];
-	column_args(ps, row, types, values, isnull);
-	// Attempt and state together name the version: every transition changes one of them.
-	types[NUM_COLUMNS] = INT4OID;
-	values[NUM_COLUMNS] = old->value[COL_ATTEMPT];
-	isnull[NUM_COLUMNS] = false;
-	types[NUM_COLUMNS + 1] = ps->catalog->type[COL_STATE];
-	values[NUM_COLUMNS + 1] = old->value[COL_STATE];
-	isnull[NUM_COLUMNS + 1] = false;
-	run(sql, NUM_COLUMNS + 2, types, values, isnull, SPI_OK_UPDATE_RETURNING);
+	// $1, $2: scope and key, never changed; the other columns the table has follow.
+	StringInfoData set;
+	initStringInfo(&set);
+	int n = 0;
+	for (int c = 0; c < NUM_COLUMNS; c++)
+	{
+		if (ps->catalog->attnum[c] == InvalidAttrNumber)
+			continue;
+		n++;
+		if (c != COL_SCOPE && c != COL_KEY)
+			appendStringInfo(&set, "%s%s = $%d", set.len > 0 ? ", " : "", column_names[c], n);
+	}
+	// Attempt, state and lease end together name the version: every transition changes one of
+	// them (an expired key claimed anew keeps attempt 1 and pending, but gets a new lease).
+	char *sql = psprintf("UPDATE %s AS t SET %s "
+	                     "WHERE t.scope = $1 AND t.key = $2 AND t.attempt = $%d AND t.state = $%d "
+	                     "AND t.locked_until IS NOT DISTINCT FROM $%d RETURNING %s",
+	                     ps->table, set.data, n + 1, n + 2, n + 3, returned(ps->catalog));
+	Oid types[NUM_COLUMNS + 3];
+	Datum values[NUM_COLUMNS + 3];
+	bool isnull[NUM_COLUMNS + 3];
+	int nargs = column_args(ps, row, types, values, isnull);
+	types[nargs] = INT4OID;
+	values[nargs] = old->value[COL_ATTEMPT];
+	isnull[nargs] = false;
+	types[nargs + 1] = ps->catalog->type[COL_STATE];
+	values[nargs + 1] = old->value[COL_STATE];
+	isnull[nargs + 1] = false;
+	types[nargs + 2] = TIMESTAMPTZOID;
+	values[nargs + 2] = old->value[COL_LOCKED_UNTIL];
+	isnull[nargs + 2] = old->isnull[COL_LOCKED_UNTIL];
+	run(sql, nargs + 3, types, values, isnull, SPI_OK_UPDATE_RETURNING);
 	return first_row(ps, out, nullptr, whole);
+}
+
+bool
+policy_delete(PolicySql *ps, const KeyRow *old)
+{
+	char *sql = psprintf("DELETE FROM %s AS t "
+	                     "WHERE t.scope = $1 AND t.key = $2 AND t.attempt = $3 AND t.state = $4",
+	                     ps->table);
+	Oid types[4] = {TEXTOID, TEXTOID, INT4OID, ps->catalog->type[COL_STATE]};
+	Datum values[4] = {old->value[COL_SCOPE], old->value[COL_KEY], old->value[COL_ATTEMPT],
+	                   old->value[COL_STATE]};
+	bool isnull[4] = {false, false, false, false};
+	run(sql, 4, types, values, isnull, SPI_OK_DELETE);
+	return SPI_processed > 0;
 }
 
 int64

@@ -29,8 +29,12 @@ bool policy_insert(PolicySql *ps, const KeyRow *row, KeyRow *out, Datum *whole);
 bool policy_fetch(PolicySql *ps, Datum scope, Datum key, bool lock, KeyRow *out,
                   TransactionId *xmin, Datum *whole);
 
-// Replaces `old` (identified by its key, attempt and state) with `row`; false if it changed.
+// Replaces `old` (identified by its key, attempt, state and lease end) with `row`; false if it
+// changed.
 bool policy_update(PolicySql *ps, const KeyRow *old, const KeyRow *row, KeyRow *out, Datum *whole);
+
+// Deletes `old` (identified by its key, attempt and state); false if it changed or is gone.
+bool policy_delete(PolicySql *ps, const KeyRow *old);
 
 // Deletes up to max_rows expired keys, skipping locked rows and live leases.
 int64 policy_reap(PolicySql *ps, TimestampTz now, int32 max_rows);

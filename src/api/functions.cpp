@@ -65,6 +65,60 @@ duration_arg(FunctionCallInfo fcinfo, int arg, const char *name)
 	return value;
 }
 
+// SPEC §9.3: from 0 (never block on another transaction) to 1 hour; NULL waits as 1.1 did.
+// Checked on the calendar like the other intervals.
+const Interval *
+wait_arg(FunctionCallInfo fcinfo, int arg)
+{
+	if (PG_ARGISNULL(arg))
+		return nullptr;
+	static const Interval zero = {0, 0, 0};
+	static const Interval one_hour = {USECS_PER_HOUR, 0, 0};
+	Interval *value = PG_GETARG_INTERVAL_P(arg);
+	bool valid = DatumGetBool(DirectFunctionCall2(interval_ge, PointerGetDatum(value), PointerGetDatum(&zero))) &&
+	             DatumGetBool(DirectFunctionCall2(interval_le, PointerGetDatum(value), PointerGetDatum(&one_hour)));
+	if (valid)
+	{
+		TimestampTz now = GetCurrentTimestamp();
+		TimestampTz end = DatumGetTimestampTz(DirectFunctionCall2(
+		    timestamptz_pl_interval, TimestampTzGetDatum(now), PointerGetDatum(value)));
+		valid = end >= now && end - now <= USECS_PER_HOUR;
+	}
+	if (!valid)
+		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+		                errmsg("argument \"wait\" must be an interval from 0 to 1 hour")));
+	return value;
+}
+
+// 1.2's headers: a JSON object (name to value), so that a client can set them one by one.
+void
+headers_arg(FunctionCallInfo fcinfo, int arg, FinishInput *in)
+{
+	in->headers_null = PG_ARGISNULL(arg);
+	in->headers = in->headers_null ? (Datum) 0 : PG_GETARG_DATUM(arg);
+	if (!in->headers_null && !JB_ROOT_IS_OBJECT(PG_GETARG_JSONB_P(arg)))
+		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+		                errmsg("argument \"headers\" must be a JSON object")));
+}
+
+// The arguments 1.2 added to idem_complete and idem_fail (ttl, body, headers), from `first` on.
+// Called through 1.1's signature (the extension not updated yet), they are absent: as in 1.1.
+void
+finish_1_2_args(FunctionCallInfo fcinfo, int first, FinishInput *in)
+{
+	in->ttl = nullptr;
+	in->body_null = true;
+	in->body = (Datum) 0;
+	in->headers_null = true;
+	in->headers = (Datum) 0;
+	if (PG_NARGS() <= first)
+		return;
+	in->ttl = duration_arg(fcinfo, first, "ttl");
+	in->body_null = PG_ARGISNULL(first + 1);
+	in->body = in->body_null ? (Datum) 0 : PG_GETARG_DATUM(first + 1);
+	headers_arg(fcinfo, first + 2, in);
+}
+
 // idem_claim_result's descriptor and idem_outcome's labels, kept per call site.
 struct ClaimResultType
 {
@@ -116,8 +170,9 @@ IDEM_SQL_FUNCTION(idem_claim)
 	in.scope = scope_arg(fcinfo, 2);
 	in.ttl = duration_arg(fcinfo, 3, "ttl");
 	in.lease = duration_arg(fcinfo, 4, "lease");
-	in.wait = nullptr;
+	in.wait = PG_NARGS() > 6 ? wait_arg(fcinfo, 6) : nullptr;
 	in.has_fingerprint = false;
+	in.request = nullptr;
 	if (!PG_ARGISNULL(5))
 	{
 		bytea *given = PG_GETARG_BYTEA_PP(5);
@@ -130,18 +185,15 @@ IDEM_SQL_FUNCTION(idem_claim)
 		in.fingerprint = PointerGetDatum(given);
 	}
 	else if (!PG_ARGISNULL(1))
-	{
-		in.has_fingerprint = true;
-		in.fingerprint = PointerGetDatum(
-		    request_fingerprint(DatumGetTextPP(in.scope), PG_GETARG_JSONB_P(1)));
-	}
+		in.request = PG_GETARG_JSONB_P(1); // fingerprinted by claim(), as the table's version stores it
 
 	ClaimOutput out;
 	claim(&in, &out);
 
 	ClaimResultType *type = claim_result_type(fcinfo);
-	Datum values[8];
-	bool isnull[8] = {false, false, false, false, false, false, false, false};
+	// 1.1's idem_claim_result has the first 8 attributes, 1.2's all 11.
+	Datum values[11];
+	bool isnull[11] = {false, false, false, false, false, false, false, false, false, false, false};
 	values[0] = ObjectIdGetDatum(type->outcome_label[(int) out.outcome]);
 	values[1] = BoolGetDatum(out.inserted);
 	values[2] = Int32GetDatum(out.attempt);
@@ -156,17 +208,27 @@ IDEM_SQL_FUNCTION(idem_claim)
 	isnull[6] = out.retry_after == nullptr;
 	values[7] = TimestampTzGetDatum(out.expires_at);
 	isnull[7] = out.unseen;
+	values[8] = Int32GetDatum(out.retry_after_s);
+	isnull[8] = out.outcome != Outcome::in_progress;
+	values[9] = out.response_body;
+	isnull[9] = out.response_body_null;
+	values[10] = out.response_headers;
+	isnull[10] = out.response_headers_null;
+	if (type->desc->natts != 8 && type->desc->natts != 11)
+		elog(ERROR, "idempotency: idem_claim_result has %d attributes", type->desc->natts);
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(type->desc, values, isnull)));
 }
 
-// idem_complete(key, response, response_code, scope, attempt)
+// idem_complete(key, response, response_code, scope, attempt[, ttl, body, headers])
 IDEM_SQL_FUNCTION(idem_complete)
 {
 	FinishInput in;
 	in.key = key_arg(fcinfo, 0);
-	reject_null(fcinfo, 1, "response");
-	in.response = PG_GETARG_DATUM(1);
-	in.response_null = false;
+	// 1.1 required a response; 1.2 stores none as well (e.g. 204 No Content).
+	if (PG_NARGS() <= 5)
+		reject_null(fcinfo, 1, "response");
+	in.response_null = PG_ARGISNULL(1);
+	in.response = in.response_null ? (Datum) 0 : PG_GETARG_DATUM(1);
 	reject_null(fcinfo, 2, "response_code");
 	in.response_code = PG_GETARG_INT32(2);
 	in.scope = scope_arg(fcinfo, 3);
@@ -174,10 +236,11 @@ IDEM_SQL_FUNCTION(idem_complete)
 	in.attempt = in.has_attempt ? PG_GETARG_INT32(4) : 0;
 	in.to = STATE_SUCCEEDED;
 	in.retryable = false;
+	finish_1_2_args(fcinfo, 5, &in);
 	PG_RETURN_DATUM(finish(&in));
 }
 
-// idem_fail(key, response, response_code, retryable, scope, attempt)
+// idem_fail(key, response, response_code, retryable, scope, attempt[, ttl, body, headers])
 IDEM_SQL_FUNCTION(idem_fail)
 {
 	FinishInput in;
@@ -192,7 +255,42 @@ IDEM_SQL_FUNCTION(idem_fail)
 	in.has_attempt = !PG_ARGISNULL(5);
 	in.attempt = in.has_attempt ? PG_GETARG_INT32(5) : 0;
 	in.to = STATE_FAILED;
+	finish_1_2_args(fcinfo, 6, &in);
 	PG_RETURN_DATUM(finish(&in));
+}
+
+// idem_extend(key, attempt, lease, scope)
+IDEM_SQL_FUNCTION(idem_extend)
+{
+	LeaseInput in;
+	in.key = key_arg(fcinfo, 0);
+	reject_null(fcinfo, 1, "attempt");
+	in.attempt = PG_GETARG_INT32(1);
+	reject_null(fcinfo, 2, "lease");
+	in.lease = duration_arg(fcinfo, 2, "lease");
+	in.scope = scope_arg(fcinfo, 3);
+	PG_RETURN_DATUM(set_lease(&in));
+}
+
+// idem_release(key, attempt, scope)
+IDEM_SQL_FUNCTION(idem_release)
+{
+	LeaseInput in;
+	in.key = key_arg(fcinfo, 0);
+	reject_null(fcinfo, 1, "attempt");
+	in.attempt = PG_GETARG_INT32(1);
+	in.lease = nullptr;
+	in.scope = scope_arg(fcinfo, 2);
+	PG_RETURN_DATUM(set_lease(&in));
+}
+
+// idem_forget(key, scope, force)
+IDEM_SQL_FUNCTION(idem_forget)
+{
+	Datum key = key_arg(fcinfo, 0);
+	Datum scope = scope_arg(fcinfo, 1);
+	reject_null(fcinfo, 2, "force");
+	PG_RETURN_BOOL(forget(scope, key, PG_GETARG_BOOL(2)));
 }
 
 IDEM_SQL_FUNCTION(idem_lookup)

@@ -3,6 +3,7 @@
 #include "access/lockwait.hpp"
 #include "access/policypath.hpp"
 #include "common/errors.hpp"
+#include "common/fingerprint.hpp"
 #include "common/settings.hpp"
 #include "core/wait.hpp"
 #include "stats/stats.hpp"
@@ -71,17 +72,30 @@ key_text(Datum key)
 }
 
 static bool
-fingerprints_distinct(const KeyRow *row, const ClaimInput *in)
+bytea_equal(Datum a, Datum b)
+{
+	bytea *x = DatumGetByteaPP(a);
+	bytea *y = DatumGetByteaPP(b);
+	return VARSIZE_ANY_EXHDR(x) == VARSIZE_ANY_EXHDR(y) &&
+	       memcmp(VARDATA_ANY(x), VARDATA_ANY(y), VARSIZE_ANY_EXHDR(x)) == 0;
+}
+
+static bool
+fingerprints_distinct(const Catalog *c, const KeyRow *row, const ClaimInput *in)
 {
 	bool stored = !row->isnull[COL_FINGERPRINT];
 	if (stored != in->has_fingerprint)
 		return true;
-	if (!stored)
+	if (!stored || bytea_equal(row->value[COL_FINGERPRINT], in->fingerprint))
 		return false;
-	bytea *a = DatumGetByteaPP(row->value[COL_FINGERPRINT]);
-	bytea *b = DatumGetByteaPP(in->fingerprint);
-	return VARSIZE_ANY_EXHDR(a) != VARSIZE_ANY_EXHDR(b) ||
-	       memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) != 0;
+	// A key stored by 1.1 holds 1.1's fingerprint, which differs from 1.2's only for a request with
+	// trailing fraction zeros in a number. It can only equal the one computed here for the same
+	// request (SHA-256), so accepting it raises no false IK001 and lets no different request in.
+	// Computed only on this path: a match needs no second hash.
+	if (in->request == nullptr || !c->version_1_2)
+		return true;
+	Datum old = PointerGetDatum(request_fingerprint_1_1(DatumGetTextPP(in->scope), in->request));
+	return !bytea_equal(row->value[COL_FINGERPRINT], old);
 }
 
 static bool
@@ -136,6 +150,7 @@ new_row(const Catalog *c, const ClaimInput *in, TimestampTz now, KeyRow *row)
 		row->isnull[COL_FINGERPRINT] = false;
 	}
 	set_timestamp(row, COL_CREATED_AT, now);
+	set_timestamp(row, COL_CLAIMED_AT, now);
 	set_timestamp(row, COL_LOCKED_UNTIL, lease_end(in, now));
 	set_timestamp(row, COL_EXPIRES_AT, expiry(in, now));
 }
@@ -152,17 +167,36 @@ takeover_row(const Catalog *c, const ClaimInput *in, TimestampTz now, KeyRow *ro
 	set_state(c, row, STATE_PENDING);
 	set_null(row, COL_RESPONSE);
 	set_null(row, COL_RESPONSE_CODE);
+	set_null(row, COL_RESPONSE_BODY);
+	set_null(row, COL_RESPONSE_HEADERS);
 	set_null(row, COL_RETRYABLE);
 	set_null(row, COL_COMPLETED_AT);
+	set_timestamp(row, COL_CLAIMED_AT, now);
 	set_timestamp(row, COL_LOCKED_UNTIL, lease_end(in, now));
 	TimestampTz expires = expiry(in, now);
 	if (expires > DatumGetTimestampTz(row->value[COL_EXPIRES_AT]))
 		set_timestamp(row, COL_EXPIRES_AT, expires);
 }
 
+static bool
+live_lease(const Catalog *c, const KeyRow *row, TimestampTz now)
+{
+	return row_in_state(c, row, STATE_PENDING) && !row->isnull[COL_LOCKED_UNTIL] &&
+	       DatumGetTimestampTz(row->value[COL_LOCKED_UNTIL]) > now;
+}
+
+// SPEC §9.1: past expires_at and nobody working on it. Every function treats such a key as
+// absent, whether or not the reaper has deleted it yet.
+static bool
+expired(const Catalog *c, const KeyRow *row, TimestampTz now)
+{
+	return DatumGetTimestampTz(row->value[COL_EXPIRES_AT]) <= now && !live_lease(c, row, now);
+}
+
 enum class Step
 {
 	owned,       // this transaction wrote the row
+	expired,     // as if absent: claimed anew in place
 	replay,      // finished for good
 	in_progress, // someone else's live lease
 	takeover,    // abandoned lease or retryable failure
@@ -172,7 +206,11 @@ enum class Step
 static Step
 decide(const Catalog *c, const KeyRow *row, const ClaimInput *in, bool own, TimestampTz now)
 {
-	bool mismatch = fingerprints_distinct(row, in);
+	// An expired key is a new key: a different request is no mismatch. This transaction's own row
+	// is still its own, whatever the clock says (a re-entrant claim answers what it wrote).
+	if (!own && expired(c, row, now))
+		return Step::expired;
+	bool mismatch = fingerprints_distinct(c, row, in);
 	stats_count(Counter::mismatches, mismatch);
 	if (mismatch)
 		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_KEY_MISMATCH),
@@ -185,23 +223,31 @@ decide(const Catalog *c, const KeyRow *row, const ClaimInput *in, bool own, Time
 	bool retryable = !row->isnull[COL_RETRYABLE] && DatumGetBool(row->value[COL_RETRYABLE]);
 	if (row_in_state(c, row, STATE_SUCCEEDED) || (row_in_state(c, row, STATE_FAILED) && !retryable))
 		return Step::replay;
-	if (row_in_state(c, row, STATE_PENDING) && !row->isnull[COL_LOCKED_UNTIL] &&
-	    DatumGetTimestampTz(row->value[COL_LOCKED_UNTIL]) > now)
+	if (live_lease(c, row, now))
 		return Step::in_progress;
 	return Step::takeover;
 }
 
-// The result's columns of the row. The response is the only one by reference, and must outlive
-// the buffer or SPI memory the row was read from.
+// A by-reference column's value, copied: it must outlive the buffer or SPI memory the row was read
+// from.
+static Datum
+copy_column(const Catalog *c, const KeyRow *row, Column col)
+{
+	return row->isnull[col] ? (Datum) 0 : datumCopy(row->value[col], c->typbyval[col], c->typlen[col]);
+}
+
+// The result's columns of the row.
 static void
 set_result_row(const Catalog *c, const KeyRow *row, ClaimOutput *out)
 {
 	out->attempt = DatumGetInt32(row->value[COL_ATTEMPT]);
 	out->state = row->value[COL_STATE];
 	out->response_null = row->isnull[COL_RESPONSE];
-	out->response = out->response_null ? (Datum) 0
-	                                   : datumCopy(row->value[COL_RESPONSE], c->typbyval[COL_RESPONSE],
-	                                               c->typlen[COL_RESPONSE]);
+	out->response = copy_column(c, row, COL_RESPONSE);
+	out->response_body_null = row->isnull[COL_RESPONSE_BODY];
+	out->response_body = copy_column(c, row, COL_RESPONSE_BODY);
+	out->response_headers_null = row->isnull[COL_RESPONSE_HEADERS];
+	out->response_headers = copy_column(c, row, COL_RESPONSE_HEADERS);
 	out->response_code_null = row->isnull[COL_RESPONSE_CODE];
 	out->response_code = out->response_code_null ? 0 : DatumGetInt32(row->value[COL_RESPONSE_CODE]);
 	out->expires_at = DatumGetTimestampTz(row->value[COL_EXPIRES_AT]);
@@ -230,6 +276,17 @@ answer(const Catalog *c, Outcome outcome, bool inserted, const KeyRow *row, Clai
 	}
 }
 
+// SPEC §9.5: whole seconds after which a retry of an in_progress key is useful, at least 1 and at
+// most the lease left, rounded up. The one place for that estimate: until per-scope statistics
+// know how long the scope's claims take to finish, it is the lease left.
+static int32
+retry_after_seconds(TimestampTz locked_until, TimestampTz now)
+{
+	int64 left = locked_until - now; // > 0: the lease is live
+	int64 seconds = (left + USECS_PER_SEC - 1) / USECS_PER_SEC;
+	return (int32) Max(INT64CONST(1), Min(seconds, (int64) PG_INT32_MAX));
+}
+
 // The outcome of a step that writes nothing.
 static void
 answer_read(const Catalog *c, Step step, const KeyRow *row, TimestampTz now, ClaimOutput *out)
@@ -238,6 +295,8 @@ answer_read(const Catalog *c, Step step, const KeyRow *row, TimestampTz now, Cla
 	{
 		out->retry_after = DatumGetIntervalP(
 		    DirectFunctionCall2(timestamp_mi, row->value[COL_LOCKED_UNTIL], TimestampTzGetDatum(now)));
+		out->retry_after_s =
+		    retry_after_seconds(DatumGetTimestampTz(row->value[COL_LOCKED_UNTIL]), now);
 		answer(c, Outcome::in_progress, false, row, out);
 	}
 	else if (step == Step::owned && row_in_state(c, row, STATE_PENDING))
@@ -252,7 +311,9 @@ answer_read(const Catalog *c, Step step, const KeyRow *row, TimestampTz now, Cla
 		answer(c, Outcome::replay, false, row, out);
 }
 
-// `wait` ran out while another transaction still held the key uncommitted.
+// `wait` ran out while another transaction still held the key uncommitted: nothing committed to
+// show. A retry is useful as soon as that transaction ends, which no lease bounds: the least
+// retry_after_s (SPEC §9.5).
 static void
 answer_unseen(ClaimOutput *out)
 {
@@ -266,6 +327,12 @@ answer_unseen(ClaimOutput *out)
 	out->response_code_null = true;
 	out->response_code = 0;
 	out->expires_at = 0;
+	out->retry_after = nullptr;
+	out->retry_after_s = 1;
+	out->response_body_null = true;
+	out->response_body = (Datum) 0;
+	out->response_headers_null = true;
+	out->response_headers = (Datum) 0;
 	stats_count(Counter::in_progress);
 }
 
@@ -277,39 +344,6 @@ state_name(const Catalog *c, const KeyRow *row)
 	                                             : "pending";
 }
 
-// complete/fail on the key's current row: fencing first, then the state (IK002 before IK004).
-static void
-finish_row(const Catalog *c, const FinishInput *in, KeyRow *row)
-{
-	int32 attempt = DatumGetInt32(row->value[COL_ATTEMPT]);
-	if (in->has_attempt && in->attempt != attempt)
-		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_ATTEMPT_STALE),
-		                errmsg("attempt %d of idempotency key \"%s\" is stale", in->attempt,
-		                       key_text(in->key)),
-		                attempt > 1
-		                    ? errdetail("The key was taken over; its current attempt is %d.", attempt)
-		                    : errdetail("The key has not been taken over; its current attempt is %d.", attempt)));
-	if (!row_in_state(c, row, STATE_PENDING))
-		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_KEY_NOT_PENDING),
-		                errmsg("idempotency key \"%s\" is not pending", key_text(in->key)),
-		                errdetail("The key is already finished; its state is %s.", state_name(c, row))));
-
-	set_state(c, row, in->to);
-	row->value[COL_RESPONSE] = in->response;
-	row->isnull[COL_RESPONSE] = in->response_null;
-	row->value[COL_RESPONSE_CODE] = Int32GetDatum(in->response_code);
-	row->isnull[COL_RESPONSE_CODE] = false;
-	if (in->to == STATE_FAILED)
-	{
-		row->value[COL_RETRYABLE] = BoolGetDatum(in->retryable);
-		row->isnull[COL_RETRYABLE] = false;
-	}
-	else
-		set_null(row, COL_RETRYABLE);
-	set_timestamp(row, COL_COMPLETED_AT, clock_now());
-	set_null(row, COL_LOCKED_UNTIL);
-}
-
 static void
 key_not_found(Datum key)
 {
@@ -317,12 +351,80 @@ key_not_found(Datum key)
 	                errmsg("idempotency key \"%s\" does not exist", key_text(key))));
 }
 
-static bool
-expired_and_free(const Catalog *c, const KeyRow *row, TimestampTz now)
+// What the owner's calls (complete, fail, extend, release) check on the key's current row: it
+// exists (not expired), fencing, then the state (IK003, then IK002 before IK004).
+static void
+check_owner(const Catalog *c, Datum key, bool has_attempt, int32 given, const KeyRow *row,
+            TimestampTz now)
 {
-	// A live lease means someone is working on the key right now.
-	return !(row_in_state(c, row, STATE_PENDING) && !row->isnull[COL_LOCKED_UNTIL] &&
-	         DatumGetTimestampTz(row->value[COL_LOCKED_UNTIL]) > now);
+	if (expired(c, row, now))
+		key_not_found(key);
+	int32 attempt = DatumGetInt32(row->value[COL_ATTEMPT]);
+	if (has_attempt && given != attempt)
+		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_ATTEMPT_STALE),
+		                errmsg("attempt %d of idempotency key \"%s\" is stale", given, key_text(key)),
+		                attempt > 1
+		                    ? errdetail("The key was taken over; its current attempt is %d.", attempt)
+		                    : errdetail("The key has not been taken over; its current attempt is %d.", attempt)));
+	if (!row_in_state(c, row, STATE_PENDING))
+		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_KEY_NOT_PENDING),
+		                errmsg("idempotency key \"%s\" is not pending", key_text(key)),
+		                errdetail("The key is already finished; its state is %s.", state_name(c, row))));
+}
+
+static void
+set_value(KeyRow *row, Column c, bool isnull, Datum value)
+{
+	row->value[c] = isnull ? (Datum) 0 : value;
+	row->isnull[c] = isnull;
+}
+
+// complete/fail on the key's current row.
+static void
+finish_row(const Catalog *c, const FinishInput *in, KeyRow *row)
+{
+	TimestampTz now = clock_now();
+	check_owner(c, in->key, in->has_attempt, in->attempt, row, now);
+
+	set_state(c, row, in->to);
+	set_value(row, COL_RESPONSE, in->response_null, in->response);
+	row->value[COL_RESPONSE_CODE] = Int32GetDatum(in->response_code);
+	row->isnull[COL_RESPONSE_CODE] = false;
+	set_value(row, COL_RESPONSE_BODY, in->body_null, in->body);
+	set_value(row, COL_RESPONSE_HEADERS, in->headers_null, in->headers);
+	if (in->to == STATE_FAILED)
+	{
+		row->value[COL_RETRYABLE] = BoolGetDatum(in->retryable);
+		row->isnull[COL_RETRYABLE] = false;
+	}
+	else
+		set_null(row, COL_RETRYABLE);
+	set_timestamp(row, COL_COMPLETED_AT, now);
+	set_null(row, COL_LOCKED_UNTIL);
+	// SPEC §9.2: the result's own lifetime, counted from its completion.
+	if (in->ttl != nullptr)
+		set_timestamp(row, COL_EXPIRES_AT, duration_end(now, in->ttl, "ttl"));
+}
+
+// extend/release on the key's current row.
+static void
+lease_row(const Catalog *c, const LeaseInput *in, KeyRow *row)
+{
+	TimestampTz now = clock_now();
+	check_owner(c, in->key, true, in->attempt, row, now);
+	set_timestamp(row, COL_LOCKED_UNTIL, in->lease != nullptr ? duration_end(now, in->lease, "lease") : now);
+}
+
+// idem_forget refuses a key someone is working on right now, unless forced.
+static void
+check_forgettable(const Catalog *c, Datum key, bool force, const KeyRow *row)
+{
+	if (!force && live_lease(c, row, clock_now()))
+		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_KEY_IN_PROGRESS),
+		                errmsg("idempotency key \"%s\" is in progress", key_text(key)),
+		                errdetail("Its lease of attempt %d has not ended.",
+		                          DatumGetInt32(row->value[COL_ATTEMPT])),
+		                errhint("Wait for the lease to end, or pass force => true.")));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -415,12 +517,17 @@ claim_direct(KeyTable *kt, const ClaimInput *in, Waiter *waiter, ClaimOutput *ou
 			keytable_release_found(kt);
 			continue; // woken, or the lease ended: look again
 		}
-		if (step != Step::takeover)
+		if (step != Step::takeover && step != Step::expired)
 		{
 			answer_read(c, step, &row, now, out);
 			return;
 		}
-		takeover_row(c, in, now, &row);
+		// An expired key is claimed anew in place: the same result as a delete and an insert,
+		// with one write.
+		if (step == Step::expired)
+			new_row(c, in, now, &row);
+		else
+			takeover_row(c, in, now, &row);
 		TM_Result result;
 		if (!write_takeover(kt, &row, waiter, &result))
 		{
@@ -433,32 +540,36 @@ claim_direct(KeyTable *kt, const ClaimInput *in, Waiter *waiter, ClaimOutput *ou
 			continue; // changed since we read it: decide again on the new version
 		}
 		CommandCounterIncrement();
-		answer(c, Outcome::claimed, false, &row, out);
+		answer(c, Outcome::claimed, step == Step::expired, &row, out);
 		return;
 	}
 }
 
+// Changes the key's current row with change(row), which checks it and may raise (complete, fail,
+// extend, release): as UPDATE ... WHERE key = ... would, waiting for a concurrent writer of the
+// row and checking its new version. Returns the written row.
+template <typename Change>
 static Datum
-finish_direct(KeyTable *kt, const FinishInput *in)
+update_direct(KeyTable *kt, Datum scope, Datum key, Change change)
 {
 	for (bool first = true;; first = false)
 	{
 		CHECK_FOR_INTERRUPTS();
 		// Usually the row this transaction just claimed: then no index probe is needed.
-		bool found = (first && keytable_find_own_last(kt, in->scope, in->key)) ||
-		             keytable_find_latest(kt, in->scope, in->key);
+		bool found = (first && keytable_find_own_last(kt, scope, key)) ||
+		             keytable_find_latest(kt, scope, key);
 		if (!found)
 		{
 			// Absent, or moved by a concurrent update while the scan ran: a fresh look tells.
-			if (keytable_exists_now(kt, in->scope, in->key))
+			if (keytable_exists_now(kt, scope, key))
 				continue;
-			key_not_found(in->key);
+			key_not_found(key);
 		}
 		if (!TransactionIdIsCurrentTransactionId(keytable_found_xmin(kt)))
 			check_serializable(kt);
 		KeyRow row;
 		keytable_read(kt, kt->found, &row);
-		finish_row(&kt->catalog, in, &row);
+		change(&row);
 		TM_Result result = keytable_update(kt, &row);
 		if (result == TM_Ok)
 			break;
@@ -466,6 +577,35 @@ finish_direct(KeyTable *kt, const FinishInput *in)
 	}
 	CommandCounterIncrement();
 	return keytable_written_datum(kt);
+}
+
+// Deletes the key's current row after check(row), which may raise; as DELETE ... WHERE key = ...
+// would, waiting for a concurrent writer. False when there is no row.
+template <typename Check>
+static bool
+delete_direct(KeyTable *kt, Datum scope, Datum key, Check check)
+{
+	for (;;)
+	{
+		CHECK_FOR_INTERRUPTS();
+		if (!keytable_find_latest(kt, scope, key))
+		{
+			if (keytable_exists_now(kt, scope, key))
+				continue;
+			return false;
+		}
+		if (!TransactionIdIsCurrentTransactionId(keytable_found_xmin(kt)))
+			check_serializable(kt);
+		KeyRow row;
+		keytable_read(kt, kt->found, &row);
+		check(&row);
+		TM_Result result = keytable_delete(kt);
+		if (result == TM_Ok)
+			break;
+		serialization_failure_after(result);
+	}
+	CommandCounterIncrement();
+	return true;
 }
 
 static int64
@@ -482,7 +622,7 @@ reap_direct(KeyTable *kt, int32 max_rows)
 		KeyRow row;
 		keytable_read(kt, kt->found, &row);
 		// Rows another transaction holds are skipped, never waited for.
-		if (expired_and_free(&kt->catalog, &row, now) && keytable_delete_unless_busy(kt))
+		if (expired(&kt->catalog, &row, now) && keytable_delete_unless_busy(kt))
 			reaped++;
 	}
 	keytable_expiry_end(&scan);
@@ -551,13 +691,18 @@ claim_with_policies(const Catalog *c, const ClaimInput *in, Waiter *waiter, Clai
 		if (step == Step::in_progress &&
 		    waiter_sleep(waiter, DatumGetTimestampTz(stored.value[COL_LOCKED_UNTIL])))
 			continue; // woken, or the lease ended: look again
-		if (step != Step::takeover)
+		if (step != Step::takeover && step != Step::expired)
 		{
 			answer_read(c, step, &stored, now, out);
 			break;
 		}
-		row = stored;
-		takeover_row(c, in, now, &row);
+		if (step == Step::expired)
+			new_row(c, in, now, &row);
+		else
+		{
+			row = stored;
+			takeover_row(c, in, now, &row);
+		}
 		KeyRow updated;
 		bool written = false;
 		auto update = [&] { written = policy_update(&ps, &stored, &row, &updated, nullptr); };
@@ -568,50 +713,91 @@ claim_with_policies(const Catalog *c, const ClaimInput *in, Waiter *waiter, Clai
 		}
 		if (written)
 		{
-			answer(c, Outcome::claimed, false, &updated, out);
+			answer(c, Outcome::claimed, step == Step::expired, &updated, out);
 			break;
 		}
 	}
 	policy_end(&ps);
 }
 
+template <typename Change>
 static Datum
-finish_with_policies(const Catalog *c, const FinishInput *in)
+update_with_policies(const Catalog *c, Datum scope, Datum key, Change change)
 {
 	PolicySql ps;
 	policy_begin(&ps, c);
 	KeyRow stored;
-	if (!policy_fetch(&ps, in->scope, in->key, true, &stored, nullptr, nullptr))
-		key_not_found(in->key);
+	if (!policy_fetch(&ps, scope, key, true, &stored, nullptr, nullptr))
+		key_not_found(key);
 	KeyRow row = stored;
-	finish_row(c, in, &row);
+	change(&row);
 	KeyRow updated;
 	Datum whole;
 	// The row is locked: the update cannot miss it.
 	if (!policy_update(&ps, &stored, &row, &updated, &whole))
-		elog(ERROR, "idempotency: locked key \"%s\" changed", key_text(in->key));
+		elog(ERROR, "idempotency: locked key \"%s\" changed", key_text(key));
 	policy_end(&ps);
 	return whole;
+}
+
+template <typename Check>
+static bool
+delete_with_policies(const Catalog *c, Datum scope, Datum key, Check check)
+{
+	PolicySql ps;
+	policy_begin(&ps, c);
+	KeyRow stored;
+	bool deleted = false;
+	if (policy_fetch(&ps, scope, key, true, &stored, nullptr, nullptr))
+	{
+		check(&stored);
+		// The row is locked: the delete cannot miss it.
+		if (!policy_delete(&ps, &stored))
+			elog(ERROR, "idempotency: locked key \"%s\" changed", key_text(key));
+		deleted = true;
+	}
+	policy_end(&ps);
+	return deleted;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Entry points
 
+// The request's fingerprint in the form the installed version stores: 1.1's until ALTER EXTENSION
+// UPDATE has run, so that the library behaves as the version its SQL objects belong to.
+static void
+fingerprint_request(const Catalog *c, ClaimInput *in)
+{
+	if (in->has_fingerprint || in->request == nullptr)
+		return;
+	text *scope = DatumGetTextPP(in->scope);
+	bytea *fingerprint = c->version_1_2 ? request_fingerprint(scope, in->request)
+	                                    : request_fingerprint_1_1(scope, in->request);
+	in->has_fingerprint = true;
+	in->fingerprint = PointerGetDatum(fingerprint);
+}
+
 void
-claim(const ClaimInput *in, ClaimOutput *out)
+claim(const ClaimInput *given, ClaimOutput *out)
 {
 	stats_count(Counter::claims);
 	out->retry_after = nullptr;
+	out->retry_after_s = 0;
+	ClaimInput in = *given;
 	Waiter waiter;
-	waiter_begin(&waiter, in->wait, in->scope, in->key);
+	waiter_begin(&waiter, in.wait, in.scope, in.key);
 	KeyTable kt;
 	if (keytable_open(&kt, Access::write, "idem_claim()"))
 	{
-		claim_direct(&kt, in, &waiter, out);
+		fingerprint_request(&kt.catalog, &in);
+		claim_direct(&kt, &in, &waiter, out);
 		keytable_close(&kt);
 	}
 	else
-		claim_with_policies(&kt.catalog, in, &waiter, out);
+	{
+		fingerprint_request(&kt.catalog, &in);
+		claim_with_policies(&kt.catalog, &in, &waiter, out);
+	}
 	waiter_end(&waiter);
 }
 
@@ -623,31 +809,81 @@ finish(const FinishInput *in)
 	Datum finished;
 	if (keytable_open(&kt, Access::write, caller))
 	{
-		finished = finish_direct(&kt, in);
+		finished = update_direct(&kt, in->scope, in->key,
+		                         [&](KeyRow *row) { finish_row(&kt.catalog, in, row); });
 		keytable_close(&kt);
 	}
 	else
-		finished = finish_with_policies(&kt.catalog, in);
+		finished = update_with_policies(&kt.catalog, in->scope, in->key,
+		                                [&](KeyRow *row) { finish_row(&kt.catalog, in, row); });
 	stats_count(in->to == STATE_SUCCEEDED ? Counter::completes : Counter::fails);
 	wake_at_commit(in->scope, in->key);
 	return finished;
+}
+
+Datum
+set_lease(const LeaseInput *in)
+{
+	const char *caller = in->lease != nullptr ? "idem_extend()" : "idem_release()";
+	KeyTable kt;
+	Datum written;
+	if (keytable_open(&kt, Access::update, caller))
+	{
+		written = update_direct(&kt, in->scope, in->key,
+		                        [&](KeyRow *row) { lease_row(&kt.catalog, in, row); });
+		keytable_close(&kt);
+	}
+	else
+		written = update_with_policies(&kt.catalog, in->scope, in->key,
+		                               [&](KeyRow *row) { lease_row(&kt.catalog, in, row); });
+	// A released key is free now; an extended one only keeps its waiters waiting longer.
+	if (in->lease == nullptr)
+		wake_at_commit(in->scope, in->key);
+	return written;
+}
+
+bool
+forget(Datum scope, Datum key, bool force)
+{
+	KeyTable kt;
+	bool deleted;
+	if (keytable_open(&kt, Access::forget, "idem_forget()"))
+	{
+		deleted = delete_direct(&kt, scope, key,
+		                        [&](const KeyRow *row) { check_forgettable(&kt.catalog, key, force, row); });
+		keytable_close(&kt);
+	}
+	else
+		deleted = delete_with_policies(&kt.catalog, scope, key,
+		                               [&](const KeyRow *row) { check_forgettable(&kt.catalog, key, force, row); });
+	if (deleted)
+		wake_at_commit(scope, key);
+	return deleted;
 }
 
 bool
 lookup(Datum scope, Datum key, Datum *row)
 {
 	KeyTable kt;
+	bool found;
 	if (!keytable_open(&kt, Access::read, "idem_lookup()"))
 	{
 		PolicySql ps;
 		policy_begin(&ps, &kt.catalog);
 		KeyRow stored;
-		bool found = policy_fetch(&ps, scope, key, false, &stored, nullptr, row);
+		found = policy_fetch(&ps, scope, key, false, &stored, nullptr, row) &&
+		        !expired(&kt.catalog, &stored, clock_now());
 		policy_end(&ps);
 		return found;
 	}
 	Snapshot snapshot = RegisterSnapshot(GetTransactionSnapshot());
-	bool found = keytable_find_visible(&kt, scope, key, snapshot);
+	found = keytable_find_visible(&kt, scope, key, snapshot);
+	if (found)
+	{
+		KeyRow stored;
+		keytable_read(&kt, kt.found, &stored);
+		found = !expired(&kt.catalog, &stored, clock_now());
+	}
 	if (found)
 		*row = keytable_found_datum(&kt);
 	UnregisterSnapshot(snapshot);

@@ -1,4 +1,5 @@
-// The key-state machine of SPEC §2: claim, complete, fail, lookup and reap. Arguments arrive
+// The key-state machine of SPEC §2 and §9: claim, complete, fail, extend, release, forget, lookup
+// and reap. Arguments arrive
 // validated (api/); rows are read and written through the access layer (access/).
 #pragma once
 
@@ -20,7 +21,8 @@ struct ClaimInput
 	Datum scope;              // text
 	Datum key;                // text
 	bool has_fingerprint;
-	Datum fingerprint;        // bytea, when has_fingerprint
+	Datum fingerprint;        // bytea, when has_fingerprint: the caller's own
+	Jsonb *request;           // fingerprinted by claim() when no fingerprint is given; or nullptr
 	const Interval *ttl;      // nullptr: idempotency.default_ttl
 	const Interval *lease;    // nullptr: idempotency.default_lease
 	const Interval *wait;     // nullptr: NULL
@@ -32,7 +34,8 @@ struct ClaimOutput
 	Outcome outcome;
 	bool inserted;
 	bool unseen;              // in_progress behind another transaction's uncommitted write:
-	                          // no committed row to show, every column below NULL
+	                          // no committed row to show, every column below NULL but
+	                          // retry_after_s
 	int32 attempt;
 	Datum state;              // idem_state label
 	bool response_null;
@@ -41,6 +44,11 @@ struct ClaimOutput
 	int32 response_code;
 	TimestampTz expires_at;
 	Interval *retry_after;    // in_progress only
+	int32 retry_after_s;      // in_progress only
+	bool response_body_null;
+	Datum response_body;      // bytea, a copy
+	bool response_headers_null;
+	Datum response_headers;   // jsonb, a copy
 };
 
 void claim(const ClaimInput *in, ClaimOutput *out);
@@ -61,12 +69,32 @@ struct FinishInput
 	bool retryable;           // idem_fail only
 	bool has_attempt;
 	int32 attempt;
+	const Interval *ttl;      // nullptr: expires_at unchanged
+	bool body_null;
+	Datum body;               // bytea
+	bool headers_null;
+	Datum headers;            // jsonb object
 };
 
 // Returns the finished row as a composite datum of idem_keys' row type.
 Datum finish(const FinishInput *in);
 
-// The row as the current snapshot sees it, or false.
+// idem_extend (lease given) and idem_release (lease nullptr): the owner's new lease end.
+struct LeaseInput
+{
+	Datum scope;
+	Datum key;
+	int32 attempt;
+	const Interval *lease;    // nullptr: release, the lease ends now
+};
+
+// Returns the updated row as a composite datum of idem_keys' row type.
+Datum set_lease(const LeaseInput *in);
+
+// idem_forget: deletes the key whatever its state; a live lease only with `force` (IK005).
+bool forget(Datum scope, Datum key, bool force);
+
+// The row as the current snapshot sees it, or false (also for an expired key).
 bool lookup(Datum scope, Datum key, Datum *row);
 
 int64 reap(int32 max_rows);

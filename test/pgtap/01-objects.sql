@@ -2,14 +2,14 @@
 -- Run with pg_prove in a database where CREATE EXTENSION pgtap and
 -- CREATE EXTENSION idempotency were done beforehand.
 BEGIN;
-SELECT plan(71);
+SELECT plan(76);
 
 -- The extension itself
 SELECT has_extension('idempotency', 'extension idempotency is installed');
 SELECT is((SELECT extversion FROM pg_extension WHERE extname = 'idempotency'),
-          '1.1', 'installed version is 1.1');
+          '1.2', 'installed version is 1.2');
 SELECT is((SELECT default_version FROM pg_available_extensions WHERE name = 'idempotency'),
-          '1.1', 'default version is 1.1');
+          '1.2', 'default version is 1.2');
 SELECT is((SELECT extrelocatable FROM pg_extension WHERE extname = 'idempotency'),
           false, 'extension is not relocatable');
 SELECT ok((SELECT 'idem_keys'::regclass = ANY (extconfig)
@@ -32,9 +32,9 @@ SELECT set_eq(
              ('pg_type'::regclass, 'idem_outcome'::regtype),
              ('pg_type'::regclass, 'idem_claim_result'::regtype),
              ('pg_class'::regclass, 'idem_keys'::regclass),
-             ('pg_proc'::regclass, 'idem_claim(text,jsonb,text,interval,interval,bytea)'::regprocedure),
-             ('pg_proc'::regclass, 'idem_complete(text,jsonb,integer,text,integer)'::regprocedure),
-             ('pg_proc'::regclass, 'idem_fail(text,jsonb,integer,boolean,text,integer)'::regprocedure),
+             ('pg_proc'::regclass, 'idem_claim(text,jsonb,text,interval,interval,bytea,interval)'::regprocedure),
+             ('pg_proc'::regclass, 'idem_complete(text,jsonb,integer,text,integer,interval,bytea,jsonb)'::regprocedure),
+             ('pg_proc'::regclass, 'idem_fail(text,jsonb,integer,boolean,text,integer,interval,bytea,jsonb)'::regprocedure),
              ('pg_proc'::regclass, 'idem_lookup(text,text)'::regprocedure),
              ('pg_proc'::regclass, 'idem_reap(integer)'::regprocedure),
              ('pg_proc'::regclass, 'idem_reap_all(integer,bigint)'::regprocedure))$$,
@@ -42,9 +42,9 @@ SELECT set_eq(
              ('pg_type', 'idem_outcome'::regtype::oid),
              ('pg_type', 'idem_claim_result'::regtype::oid),
              ('pg_class', 'idem_keys'::regclass::oid),
-             ('pg_proc', 'idem_claim(text,jsonb,text,interval,interval,bytea)'::regprocedure::oid),
-             ('pg_proc', 'idem_complete(text,jsonb,integer,text,integer)'::regprocedure::oid),
-             ('pg_proc', 'idem_fail(text,jsonb,integer,boolean,text,integer)'::regprocedure::oid),
+             ('pg_proc', 'idem_claim(text,jsonb,text,interval,interval,bytea,interval)'::regprocedure::oid),
+             ('pg_proc', 'idem_complete(text,jsonb,integer,text,integer,interval,bytea,jsonb)'::regprocedure::oid),
+             ('pg_proc', 'idem_fail(text,jsonb,integer,boolean,text,integer,interval,bytea,jsonb)'::regprocedure::oid),
              ('pg_proc', 'idem_lookup(text,text)'::regprocedure::oid),
              ('pg_proc', 'idem_reap(integer)'::regprocedure::oid),
              ('pg_proc', 'idem_reap_all(integer,bigint)'::regprocedure::oid)$$,
@@ -79,8 +79,8 @@ SELECT is(
            WHERE attrelid = (SELECT typrelid FROM pg_type WHERE oid = 'idem_claim_result'::regtype)
              AND attnum > 0 AND NOT attisdropped ORDER BY attnum),
     ARRAY['outcome', 'inserted', 'attempt', 'state', 'response', 'response_code',
-          'retry_after', 'expires_at'],
-    'idem_claim_result has exactly these fields, in this order');
+          'retry_after', 'expires_at', 'retry_after_s', 'response_body', 'response_headers'],
+    'idem_claim_result has exactly these fields, in this order (1.2''s appended)');
 
 -- Table idem_keys
 SELECT has_table('idem_keys');
@@ -115,6 +115,12 @@ SELECT is(
     ARRAY['scope', 'key', 'state', 'attempt', 'fingerprint', 'response', 'response_code',
           'retryable', 'created_at', 'locked_until', 'completed_at', 'expires_at'],
     'the contract''s twelve columns come first, in this order');
+SELECT is(
+    ARRAY(SELECT attname::text || ' ' || format_type(atttypid, atttypmod) FROM pg_attribute
+           WHERE attrelid = 'idem_keys'::regclass AND attnum > 12 AND NOT attisdropped
+           ORDER BY attnum),
+    ARRAY['response_body bytea', 'response_headers jsonb', 'claimed_at timestamp with time zone'],
+    '1.2''s columns follow them');
 SELECT col_not_null('idem_keys', 'scope', 'idem_keys.scope is NOT NULL');
 SELECT col_not_null('idem_keys', 'key', 'idem_keys.key is NOT NULL');
 SELECT col_default_is('idem_keys', 'scope', ''::text, 'idem_keys.scope defaults to ''''');
@@ -133,18 +139,34 @@ SELECT index_is_primary('idem_keys', 'idem_keys_pkey');
 SELECT index_is_unique('idem_keys', 'idem_keys_pkey');
 SELECT has_index('idem_keys', 'idem_keys_expires_at_idx', 'expires_at', 'index idem_keys_expires_at_idx is on (expires_at)');
 SELECT index_is_type('idem_keys', 'idem_keys_pkey', 'btree');
+SELECT is((SELECT reloptions FROM pg_class WHERE oid = 'idem_keys_expires_at_idx'::regclass),
+          ARRAY['pages_per_range=32', 'autosummarize=off'],
+          'the BRIN index does not ask autovacuum to summarize (the reaper does)');
 SELECT index_is_type('idem_keys', 'idem_keys_expires_at_idx', 'brin');
 
 -- Row-level security is off by default (enabling it is supported: 03-privileges)
 SELECT is((SELECT relrowsecurity FROM pg_class WHERE oid = 'idem_keys'::regclass),
           false, 'row-level security is not enabled on idem_keys');
 
--- No other routine or type goes by an idem_ name than the 1.0 ones (in the extension schema)
+-- Each routine has one overload (the update to 1.2 replaced the ones whose arguments changed)
 SELECT is((SELECT count(*)::int FROM pg_proc
             WHERE pronamespace = (SELECT extnamespace FROM pg_extension WHERE extname = 'idempotency')
               AND proname IN ('idem_claim', 'idem_complete', 'idem_fail', 'idem_lookup',
-                              'idem_reap', 'idem_reap_all')),
-          6, 'each 1.0 routine has exactly one overload');
+                              'idem_reap', 'idem_reap_all', 'idem_extend', 'idem_release',
+                              'idem_forget')),
+          9, 'each routine has exactly one overload');
+
+-- View idem_stalled (1.2)
+SELECT has_view('idem_stalled');
+SELECT is(
+    ARRAY(SELECT attname::text || ' ' || format_type(atttypid, atttypmod) FROM pg_attribute
+           WHERE attrelid = 'idem_stalled'::regclass AND attnum > 0 ORDER BY attnum),
+    ARRAY['scope text', 'key text', 'attempt integer', 'locked_until timestamp with time zone',
+          'created_at timestamp with time zone', 'stalled_for interval'],
+    'idem_stalled has these columns, in this order');
+SELECT is((SELECT reloptions FROM pg_class WHERE oid = 'idem_stalled'::regclass),
+          ARRAY['security_invoker=true'],
+          'idem_stalled runs with the privileges and policies of its caller');
 
 SELECT * FROM finish();
 ROLLBACK;

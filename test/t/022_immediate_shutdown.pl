@@ -116,10 +116,13 @@ SELECT idem_fail('failt-' || g, jsonb_build_object('error', 'card declined'), 40
 SELECT idem_claim('fp-' || g, fingerprint => decode(md5(g::text), 'hex'), scope => s.scope, lease => '1 hour')
   FROM s, generate_series(1, 200) g;
 SELECT idem_fail('fp-' || g, NULL, 500, false, scope => s.scope) FROM s, generate_series(1, 100) g;
--- expired by ttl (still there: no reaper), finished and pending
-SELECT idem_claim('ttl-' || g, scope => s.scope, ttl => '1 millisecond', lease => '1 millisecond')
-  FROM s, generate_series(1, 200) g;
+-- expired by ttl (still there: no reaper), finished and pending; the finished ones are completed
+-- while their lease is live (an expired key cannot be completed), and expire with that
+SELECT idem_claim('ttl-' || g, scope => s.scope, ttl => '1 millisecond', lease => '1 hour')
+  FROM s, generate_series(1, 100) g;
 SELECT idem_complete('ttl-' || g, '"done"', scope => s.scope) FROM s, generate_series(1, 100) g;
+SELECT idem_claim('ttl-' || g, scope => s.scope, ttl => '1 millisecond', lease => '1 millisecond')
+  FROM s, generate_series(101, 200) g;
 });
 # taken over twice (attempt 3), then the third owner succeeds for half of them
 query(q{
