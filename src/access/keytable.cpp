@@ -193,6 +193,22 @@ keytable_find_latest_until(KeyTable *kt, Datum scope, Datum key, TimestampTz dea
 	return find_latest(kt, scope, key, &deadline);
 }
 
+Found
+keytable_probe_until(const Catalog *catalog, Datum scope, Datum key, TimestampTz deadline)
+{
+	KeyTable kt;
+	memset(&kt, 0, sizeof(kt));
+	kt.catalog = *catalog;
+	// The lock the SQL path's INSERT takes next: no upgrade.
+	kt.lockmode = RowExclusiveLock;
+	kt.rel = table_open(catalog->relid, kt.lockmode);
+	kt.pkey = index_open(catalog->pkey_oid, kt.lockmode);
+	kt.found = table_slot_create(kt.rel, nullptr);
+	Found found = find_latest(&kt, scope, key, &deadline);
+	keytable_close(&kt);
+	return found;
+}
+
 bool
 keytable_find_visible(KeyTable *kt, Datum scope, Datum key, Snapshot snapshot)
 {

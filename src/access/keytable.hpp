@@ -60,6 +60,11 @@ enum class Found
 };
 Found keytable_find_latest_until(KeyTable *kt, Datum scope, Datum key, TimestampTz deadline);
 
+// For the SQL path (row-level security), whose INSERT ... ON CONFLICT cannot be told not to wait:
+// keytable_find_latest_until on a table keytable_open left closed, reading no column (the caller
+// learns only whether another transaction holds the key, as the INSERT's wait would show it).
+Found keytable_probe_until(const Catalog *catalog, Datum scope, Datum key, TimestampTz deadline);
+
 // At load time: forget the row version this backend wrote last when its subtransaction aborts.
 void keytable_register_callbacks();
 

@@ -664,6 +664,12 @@ claim_with_policies(const Catalog *c, const ClaimInput *in, Waiter *waiter, Clai
 	for (int hidden_tries = 0;;)
 	{
 		CHECK_FOR_INTERRUPTS();
+		// Another transaction's write of the key is waited for here, where the wait can be bounded.
+		if (waiter->bounded && keytable_probe_until(c, in->scope, in->key, waiter->deadline) == Found::busy)
+		{
+			answer_unseen(out);
+			break;
+		}
 		KeyRow row, stored;
 		new_row(c, in, clock_now(), &row);
 		bool inserted = false;
