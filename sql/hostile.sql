@@ -400,6 +400,69 @@ CALL pg_temp.bad(129, $k$SELECT idem_schedule_reaper($$* * * * *'); DROP TABLE i
 CALL pg_temp.bad(130, $$SELECT idem_unschedule_reaper()$$);
 SELECT 1 AS backend_up;
 
+--
+-- 12. Version 1.2's arguments: NULLs, negative, zero and huge intervals, wrong attempts, bad
+--     headers; every refusal leaves idem_keys unchanged.  Huge bodies and headers are stored and
+--     replayed intact (no limit but PostgreSQL's 1 GB per value).
+--
+-- wait on idem_claim: 0 .. 1 hour
+CALL pg_temp.bad(131, $$SELECT idem_claim('hx-pending', '{"r": 1}', 'hx', wait => '-1 microsecond')$$);
+CALL pg_temp.bad(132, $$SELECT idem_claim('hx-new12', NULL, 'hx', wait => '1 hour 1 second')$$);
+CALL pg_temp.bad(133, $$SELECT idem_claim('hx-new12', NULL, 'hx', wait => '178000000 years')$$);
+CALL pg_temp.bad(134, $$SELECT idem_claim('hx-new12', NULL, 'hx', wait => '-178000000 years')$$);
+CALL pg_temp.bad(135, $$SELECT idem_claim('hx-new12', NULL, 'hx', wait => '1 mon -29 days')$$);
+-- ttl on idem_complete / idem_fail
+CALL pg_temp.bad(136, $$SELECT idem_complete('hx-pending', '{}', 200, 'hx', ttl => '0')$$);
+CALL pg_temp.bad(137, $$SELECT idem_complete('hx-pending', '{}', 200, 'hx', ttl => '-1 day')$$);
+CALL pg_temp.bad(138, $$SELECT idem_fail('hx-pending', '{}', 500, true, 'hx', ttl => '101 years')$$);
+CALL pg_temp.bad(139, $$SELECT idem_fail('hx-pending', '{}', 500, true, 'hx', ttl => '-1 year 361 days')$$);
+-- headers: a JSON object only
+CALL pg_temp.bad(140, $$SELECT idem_complete('hx-pending', '{}', 200, 'hx', headers => '"Location: /x"')$$);
+CALL pg_temp.bad(141, $$SELECT idem_fail('hx-pending', '{}', 500, true, 'hx', headers => '[["Location", "/x"]]')$$);
+-- a body or headers on a finished or missing key: IK004 / IK003, and no value in the message
+CALL pg_temp.bad(142, $$SELECT idem_complete('hx-done', NULL, 200, 'hx', body => 'secret-body-bytes', headers => '{"Set-Cookie": "secret"}')$$);
+CALL pg_temp.bad(143, $$SELECT idem_fail('hx-missing', NULL, 500, true, 'hx', body => 'secret-body-bytes')$$);
+-- idem_extend / idem_release: NULLs, bad leases, wrong attempts
+CALL pg_temp.bad(144, $$SELECT idem_extend(NULL, 1, '1 minute', 'hx')$$);
+CALL pg_temp.bad(145, $$SELECT idem_extend('hx-pending', NULL, '1 minute', 'hx')$$);
+CALL pg_temp.bad(146, $$SELECT idem_extend('hx-pending', 1, NULL, 'hx')$$);
+CALL pg_temp.bad(147, $$SELECT idem_extend('hx-pending', 1, '1 minute', NULL)$$);
+CALL pg_temp.bad(148, $$SELECT idem_extend('hx-pending', 1, '0', 'hx')$$);
+CALL pg_temp.bad(149, $$SELECT idem_extend('hx-pending', 1, '-1 s', 'hx')$$);
+CALL pg_temp.bad(150, $$SELECT idem_extend('hx-pending', 1, '178000000 years', 'hx')$$);
+CALL pg_temp.bad(151, $$SELECT idem_extend('hx-pending', 0, '1 minute', 'hx')$$);
+CALL pg_temp.bad(152, $$SELECT idem_extend('hx-pending', -2147483648, '1 minute', 'hx')$$);
+CALL pg_temp.bad(153, $$SELECT idem_extend('hx-pending', 2147483647, '1 minute', 'hx')$$);
+CALL pg_temp.bad(154, $$SELECT idem_extend('hx-done', 1, '1 minute', 'hx')$$);
+CALL pg_temp.bad(155, $$SELECT idem_extend('hx-missing', 1, '1 minute', 'hx')$$);
+CALL pg_temp.bad(156, $$SELECT idem_extend(E'hx\x01', 1, '1 minute', 'hx')$$);
+CALL pg_temp.bad(157, $$SELECT idem_release(NULL, 1, 'hx')$$);
+CALL pg_temp.bad(158, $$SELECT idem_release('hx-pending', NULL, 'hx')$$);
+CALL pg_temp.bad(159, $$SELECT idem_release('hx-pending', 1, NULL)$$);
+CALL pg_temp.bad(160, $$SELECT idem_release('hx-pending', 2, 'hx')$$);
+CALL pg_temp.bad(161, $$SELECT idem_release('hx-failed', 1, 'hx')$$);
+CALL pg_temp.bad(162, $$SELECT idem_release(repeat('k', 256), 1, 'hx')$$);
+-- idem_forget: NULLs, a live lease without force
+SELECT outcome FROM idem_claim('hx-live', NULL, 'hx', lease => '1 hour');
+CALL pg_temp.bad(163, $$SELECT idem_forget(NULL, 'hx')$$);
+CALL pg_temp.bad(164, $$SELECT idem_forget('hx-pending', NULL)$$);
+CALL pg_temp.bad(165, $$SELECT idem_forget('hx-pending', 'hx', NULL)$$);
+CALL pg_temp.bad(166, $$SELECT idem_forget('hx-live', 'hx')$$);
+CALL pg_temp.bad(167, $$SELECT idem_forget('hx-pending', repeat('s', 256))$$);
+-- a huge body (64 MB of incompressible bytes) and huge headers (10 000 of them): stored and
+-- replayed intact
+SELECT outcome FROM idem_claim('hx-bigbody', NULL, 'hx');
+CALL pg_temp.ok(168);
+SELECT state, length(response_body), md5(response_body), (SELECT count(*) FROM jsonb_object_keys(response_headers)) AS headers
+FROM idem_complete('hx-bigbody', NULL, 200, 'hx',
+                   body => (SELECT string_agg(sha256(int4send(g)), ''::bytea) FROM generate_series(1, 2097152) g),
+                   headers => (SELECT jsonb_object_agg('X-H-' || g, repeat('v', 100)) FROM generate_series(1, 10000) g));
+CALL pg_temp.ok(169);
+SELECT outcome, length(response_body), md5(response_body), (SELECT count(*) FROM jsonb_object_keys(response_headers)) AS headers
+FROM idem_claim('hx-bigbody', NULL, 'hx');
+DELETE FROM idem_keys WHERE scope = 'hx' AND key = 'hx-bigbody';
+SELECT 1 AS backend_up;
+
 -- Every case ran; the backend is the one that started; the keys of section 1 are as they were.
 SELECT count(*) AS cases, min(n), max(n), count(*) = max(n) AS numbered_without_gaps FROM hx_cases;
 SELECT pg_backend_pid() = :hostile_pid AS same_backend;

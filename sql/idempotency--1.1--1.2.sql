@@ -133,3 +133,5 @@ CREATE VIEW @extschema@.idem_stalled WITH (security_invoker = true) AS
        AND k.locked_until OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()
        AND k.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()
      ORDER BY k.locked_until, k.scope, k.key;
+-- Safe for everyone: the caller still needs SELECT on idem_keys, and its policies apply.
+GRANT SELECT ON @extschema@.idem_stalled TO PUBLIC;

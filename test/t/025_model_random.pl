@@ -1,24 +1,29 @@
 # Model-based randomized test: random operations from three sessions, each result checked against
-# a small Perl model of the contract (SPEC.md section 2, docs/concepts.md).
+# a small Perl model of the contract (SPEC.md sections 2 and 9, docs/concepts.md).
 #
 # Operations: idem_claim (random key among 7, scope among 2, request: the key's usual one, an
 # equivalent spelling of it, another one, none, or an explicit fingerprint; ttl and lease: the
 # session default, 1 ms, a few ms to 2 s, an hour, or an invalid value), idem_complete and
 # idem_fail (attempt: none, the right one, stale, ahead, 0; response, code, retryable random),
-# idem_lookup, idem_reap (max_rows none, 1..4, or 0).  The three sessions have different
+# idem_lookup, idem_reap (max_rows none, 1..4, or 0); and 1.2's: idem_complete / idem_fail with a
+# ttl, a body and headers, idem_extend and idem_release (attempt right, stale or ahead; lease
+# valid or not), idem_forget (with and without force).  An expired key (past expires_at, no live
+# lease) is absent for every function: claimed anew, IK003 for the owner's calls, NULL for
+# lookup, whether or not it was reaped.  The three sessions have different
 # idempotency.default_lease / default_ttl settings.
 #
 # Every operation's whole result is checked: outcome, inserted, attempt, state, response,
 # response_code, retry_after, expires_at, the SQLSTATE of an error, the row that complete/fail
 # return, the reap count; and after every operation the whole of idem_keys, as that session sees
 # it, must equal the model, column by column (fingerprints recomputed in Perl as SHA-256 of scope,
-# 0x00 and the canonical jsonb text).
+# 0x00 and the canonical jsonb text, its numbers in their shortest form).
 #
 # Time.  The model is exact about time without guessing: each operation runs between two reads of
 # the database clock (clock_timestamp() in the same session, before and after), so the clock the
 # function used lies in [t0, t1].  A lease is live at the call when locked_until > t1, expired
 # when locked_until <= t0; only in between is either answer right, and the model then follows the
-# answer and checks that everything else agrees with it.  Timestamps the function writes are
+# answer and checks that everything else agrees with it.  The same for expiry (expires_at against
+# t0 and t1; being expired only ever starts, never ends, as the clock runs).  Timestamps the function writes are
 # checked against the bracket and against each other (locked_until = clock + lease and
 # expires_at = clock + ttl from one clock; a takeover's expires_at = greatest(old, clock + ttl)),
 # and from then on known exactly.
@@ -75,7 +80,9 @@ CREATE FUNCTION fmt(k idem_keys) RETURNS text LANGUAGE sql IMMUTABLE AS $$
                      coalesce(encode(k.fingerprint, 'hex'), '\N'), coalesce(k.response::text, '\N'),
                      coalesce(k.response_code::text, '\N'), coalesce(k.retryable::text, '\N'),
                      us(k.created_at), coalesce(us(k.locked_until)::text, '\N'),
-                     coalesce(us(k.completed_at)::text, '\N'), us(k.expires_at)) $$;
+                     coalesce(us(k.completed_at)::text, '\N'), us(k.expires_at),
+                     coalesce(encode(k.response_body, 'hex'), '\N'), coalesce(k.response_headers::text, '\N'),
+                     coalesce(us(k.claimed_at)::text, '\N')) $$;
 });
 
 # ---------------------------------------------------------------------------------------------
@@ -175,17 +182,31 @@ my @requests = (
 	[ '{"a": 1, "a": 2}', '{"a": 2}' ],
 	[ '{"name": "Zoë", "note": "tab\there"}' ],
 	[ '12345', '12345.0' ],
+	[ '{"total": 42.0, "n": [1.50, 2]}', '{"n": [1.5, 2.00], "total": 42}', '{"total": 4.2e1, "n": [15e-1, 2]}' ],
 	[ '{}', ' { } ' ]);
 my @responses = ('{"id": 1}', '{"id": 2, "tags": ["x", "y"]}', '[]', '"ok"', 'null', '0',
 	'{"err": "declined", "retry": false}', '{"big": "' . ('x' x 3000) . '"}');
 my @fingerprints = ('01', '0102', 'deadbeef', 'ff' x 64);    # valid explicit fingerprints (hex)
+my @bodies = ('', '00ff0d0a', unpack('H*', '<ok id="1"/>'));   # response bodies (hex)
+my @headers = ('{}', '{"Location": "/x/1"}', '{"Content-Type": "text/plain", "X-N": ["a", "b"]}');
 
 # canonical texts, from jsonb itself
 my %canon;
-for my $lit ((map { @$_ } @requests), @responses)
+for my $lit ((map { @$_ } @requests), @responses, @headers)
 {
 	$canon{$lit} = $node->safe_psql('postgres', 'SELECT ' . lit($lit) . '::jsonb::text');
 }
+# what the fingerprint hashes: the canonical text with every number in its shortest form (no
+# trailing fraction zeros); the vocabulary has no digits in strings, so a pattern does
+sub numbers_shortest
+{
+	my ($text) = @_;
+	$text =~ s/(\d)\.0+(?!\d)/$1/g;
+	$text =~ s/(\.\d*?[1-9])0+(?!\d)/$1/g;
+	return $text;
+}
+is(numbers_shortest('{"n": [1.50, 2.00, 10, 0.0], "total": 42.0}'), '{"n": [1.5, 2, 10, 0], "total": 42}',
+	'the model writes numbers in their shortest form');
 is($canon{'{"currency":"EUR","amount":100}'}, '{"amount": 100, "currency": "EUR"}',
 	'jsonb canonicalises key order and spacing');
 is($canon{'{"a": 1, "a": 2}'}, '{"a": 2}', 'jsonb keeps the last duplicate key');
@@ -208,7 +229,7 @@ my %stats;
 my $failure;      # the first disagreement
 my $opno = 0;
 
-my @fields = qw(scope key state attempt fp resp code retry created locked completed expires);
+my @fields = qw(scope key state attempt fp resp code retry created locked completed expires body headers claimed);
 
 sub parse_row
 {
@@ -234,8 +255,27 @@ sub fingerprint_of
 	my ($id, $call) = @_;
 	my ($scope) = split /\0/, $id, -1;
 	return $call->{fp} if defined $call->{fp};
-	return sha256_hex($scope . "\0" . $canon{ $call->{req} }) if defined $call->{req};
+	return sha256_hex($scope . "\0" . numbers_shortest($canon{ $call->{req} })) if defined $call->{req};
 	return $N;
+}
+
+# SPEC §9.1: past expires_at and no live lease, at clock $now.  Monotonic: once expired at some
+# clock, expired at every later one.
+sub expired_at
+{
+	my ($row, $now) = @_;
+	return $row->{expires} <= $now && !($row->{state} eq 'pending' && $row->{locked} > $now);
+}
+
+# Whether a row counts as expired for a call whose clock lies in [t0, t1]: 1 or 0 when the bracket
+# decides, undef when either answer is right.
+sub expired_in
+{
+	my ($row, $t0, $t1) = @_;
+	return 1 if expired_at($row, $t0);
+	return 0 if !expired_at($row, $t1);
+	$stats{'expiry during the call'}++;
+	return undef;
 }
 
 # Checks the result of one call against the model and applies it.  $v: the view of the calling
@@ -266,7 +306,8 @@ sub check_call
 			my $clock = $new->{locked} - $op->{lease};
 			return (undef, "clock of the claim ($clock = locked_until - lease) outside [$t0, $t1]")
 			  if $clock < $t0 || $clock > $t1;
-			my %w = (%$new, state => 'pending', resp => $N, code => $N, retry => $N, completed => $N, fp => $fp);
+			my %w = (%$new, state => 'pending', resp => $N, code => $N, retry => $N, completed => $N, fp => $fp,
+				body => $N, headers => $N, claimed => $clock);
 			if ($old)
 			{
 				$w{attempt} = $old->{attempt} + 1;
@@ -285,8 +326,12 @@ sub check_call
 		};
 		my $result_is = sub {
 			my ($outcome, $ins, $w) = @_;
-			my @want = ($outcome, $ins, $w->{attempt}, $w->{state}, $outcome eq 'replay' ? ($w->{resp}, $w->{code}) : ($N, $N));
+			my @want = ($outcome, $ins, $w->{attempt}, $w->{state},
+				$outcome eq 'replay' ? ($w->{resp}, $w->{code}) : ($N, $N));
 			my @got = @$r[ 0 .. 5 ];
+			my @want_bytes = $outcome eq 'replay' ? ($w->{body}, $w->{headers}) : ($N, $N);
+			return "claim body, headers (" . join(',', @$r[ 9, 10 ]) . ") expected (" . join(',', @want_bytes) . ")"
+			  if join($US, @$r[ 9, 10 ]) ne join($US, @want_bytes);
 			return "claim result (" . join(',', @got) . ") expected (" . join(',', @want) . ")"
 			  if join($US, @got) ne join($US, @want);
 			return "claim expires_at $r->[7], row has $w->{expires}" if $r->[7] ne $w->{expires};
@@ -295,11 +340,16 @@ sub check_call
 				my ($lo, $hi) = ($w->{locked} - $t1, $w->{locked} - $t0);
 				return "retry_after $r->[6] not in ($lo, $hi] or not positive"
 				  if $r->[6] eq $N || $r->[6] <= 0 || $r->[6] < $lo || $r->[6] > $hi;
+				my $ceil = int(($r->[6] + 999_999) / 1_000_000);
+				return "retry_after_s $r->[8] is not ceil(retry_after) = $ceil" if $r->[8] ne $ceil;
 			}
-			elsif ($r->[6] ne $N) { return "retry_after $r->[6] for a $outcome answer" }
+			elsif ($r->[6] ne $N || $r->[8] ne $N) { return "retry_after $r->[6] / $r->[8] for a $outcome answer" }
 			return undef;
 		};
-		if (!$row)
+		my $expired = $row && !($own && $own->{$id}) ? expired_in($row, $t0, $t1) : 0;
+		# either answer is right: the one given decides (a new claim is attempt 1 and inserted)
+		$expired = $err eq '' && $r && $r->[0] eq 'claimed' && $r->[1] eq 'true' ? 1 : 0 if !defined $expired;
+		if (!$row || $expired)
 		{
 			return "unexpected error $err" if $err ne '';
 			return 'the claim returned no row' unless $r;
@@ -309,7 +359,7 @@ sub check_call
 			return $e if $e;
 			$v->{$id} = $w;
 			$own->{$id} = 1 if $own;
-			$stats{'claim: inserted'}++;
+			$stats{ $row ? 'claim: an expired key, claimed anew' : 'claim: inserted' }++;
 			return undef;
 		}
 		return $want_err->('IK001') if $row->{fp} ne $fp;
@@ -350,20 +400,41 @@ sub check_call
 		$own->{$id} = 1 if $own;
 		return undef;
 	}
-	elsif ($op->{fn} eq 'complete' || $op->{fn} eq 'fail')
+	elsif ($op->{fn} eq 'complete' || $op->{fn} eq 'fail' || $op->{fn} eq 'extend' || $op->{fn} eq 'release')
 	{
+		return $want_err->('22023') if $op->{bad};
 		return $want_err->('IK003') if !$row;
+		my $expired = expired_in($row, $t0, $t1);
+		$expired = $err eq 'IK003' ? 1 : 0 if !defined $expired;
+		return $want_err->('IK003') if $expired;
 		return $want_err->('IK002') if defined $op->{attempt} && $op->{attempt} != $row->{attempt};
 		return $want_err->('IK004') if $row->{state} ne 'pending';
 		return "unexpected error $err" if $err ne '';
 		return "idem_$op->{fn} returned no row" unless $r;
 		my $got = parse_row(join($US, @$r));
+		if ($op->{fn} eq 'extend' || $op->{fn} eq 'release')
+		{
+			my $clock = $got->{locked} eq $N ? -1 : $got->{locked} - ($op->{fn} eq 'extend' ? $op->{lease} : 0);
+			return "idem_$op->{fn}: clock (locked_until $got->{locked} - lease) outside [$t0, $t1]"
+			  if $clock < $t0 || $clock > $t1;
+			return "idem_$op->{fn} at clock $clock, when the key was expired" if expired_at($row, $clock);
+			my %w = (%$row, locked => $got->{locked});
+			return "returned row\n  " . row_text($got) . "\nexpected\n  " . row_text(\%w) if row_text($got) ne row_text(\%w);
+			$v->{$id} = \%w;
+			$own->{$id} = 1 if $own;
+			$stats{"$op->{fn}: done"}++;
+			return undef;
+		}
 		my $completed = $got->{completed};
 		return "completed_at $completed outside [$t0, $t1]" if $completed eq $N || $completed < $t0 || $completed > $t1;
-		my %w = (%$row, completed => $completed, locked => $N);
+		return "idem_$op->{fn} at clock $completed, when the key was expired" if expired_at($row, $completed);
+		my %w = (%$row, completed => $completed, locked => $N, body => $op->{body} // $N,
+			headers => defined $op->{headers} ? $canon{ $op->{headers} } : $N);
+		$w{expires} = $completed + $op->{ttl} if defined $op->{ttl};
 		if ($op->{fn} eq 'complete')
 		{
-			@w{qw(state resp code retry)} = ('succeeded', $canon{ $op->{response} }, $op->{code} // 200, $N);
+			@w{qw(state resp code retry)} = ('succeeded', defined $op->{response} ? $canon{ $op->{response} } : $N,
+				$op->{code} // 200, $N);
 		}
 		else
 		{
@@ -381,8 +452,34 @@ sub check_call
 		return "unexpected error $err" if $err ne '';
 		return 'idem_lookup returned nothing' unless $r;
 		my $got = $r->[0] eq 'NULL' ? undef : parse_row(join($US, @$r));
-		return "lookup returned\n  " . row_text($got) . "\nexpected\n  " . row_text($row) if row_text($got) ne row_text($row);
-		$stats{ 'lookup: ' . ($row ? 'row' : 'NULL') }++;
+		my $expired = $row ? expired_in($row, $t0, $t1) : 0;
+		$expired = $got ? 0 : 1 if !defined $expired;
+		my $want = $expired ? undef : $row;
+		return "lookup returned\n  " . row_text($got) . "\nexpected\n  " . row_text($want) if row_text($got) ne row_text($want);
+		$stats{ 'lookup: ' . ($want ? 'row' : $row ? 'NULL (expired)' : 'NULL') }++;
+		return undef;
+	}
+	elsif ($op->{fn} eq 'forget')
+	{
+		return "unexpected error $err" if $err ne '' && $err ne 'IK005';
+		if (!$row)
+		{
+			return "unexpected error $err" if $err ne '';
+			return "idem_forget of no key returned " . join(',', @{ $r // [] }) if !$r || $r->[0] ne 'false';
+			$stats{'forget: no key'}++;
+			return undef;
+		}
+		my $live;
+		if ($row->{state} ne 'pending' || $op->{force}) { $live = 0 }
+		elsif ($row->{locked} > $t1) { $live = 1 }
+		elsif ($row->{locked} <= $t0) { $live = 0 }
+		else { $live = $err eq 'IK005' ? 1 : 0 }
+		return $want_err->('IK005') if $live;
+		return "unexpected error $err" if $err ne '';
+		return "idem_forget returned " . join(',', @{ $r // [] }) if !$r || $r->[0] ne 'true';
+		delete $v->{$id};
+		$own->{$id} = 1 if $own;
+		$stats{ 'forget: ' . ($op->{force} && $row->{state} eq 'pending' && $row->{locked} > $t0 ? 'forced' : 'deleted') }++;
 		return undef;
 	}
 	elsif ($op->{fn} eq 'reap')
@@ -446,12 +543,13 @@ sub interval_choice
 	return (pick("'0 seconds'", "'-5 seconds'", "'101 years'"), undef, 1);
 }
 
-# A claim, complete, fail, lookup or reap from session $si on a view $v.
+# A claim, complete, fail, extend, release, forget, lookup or reap from session $si on a view $v.
 sub random_call
 {
 	my ($si, $v, %opt) = @_;
 	my $x = rand();
-	my $fn = $x < 0.40 ? 'claim' : $x < 0.58 ? 'complete' : $x < 0.70 ? 'fail' : $x < 0.82 ? 'lookup' : 'reap';
+	my $fn = $x < 0.36 ? 'claim' : $x < 0.50 ? 'complete' : $x < 0.60 ? 'fail' : $x < 0.67 ? 'extend'
+	  : $x < 0.72 ? 'release' : $x < 0.76 ? 'forget' : $x < 0.86 ? 'lookup' : 'reap';
 	$fn = 'lookup' if $fn eq 'reap' && $opt{no_reap};
 	my %op = (fn => $fn);
 	if ($fn eq 'reap')
@@ -500,7 +598,9 @@ sub random_call
 		push @args, "fingerprint => $fp_sql" if $fp_sql ne 'NULL' || rand() < 0.3;
 		my $args = join(', ', @args) . $args_scope;
 		$op{sql} = "SELECT concat_ws(chr(31), 'R', outcome, inserted::text, attempt, state, coalesce(response::text, '\\N'), "
-		  . "coalesce(response_code::text, '\\N'), coalesce(usi(retry_after)::text, '\\N'), us(expires_at)) "
+		  . "coalesce(response_code::text, '\\N'), coalesce(usi(retry_after)::text, '\\N'), us(expires_at), "
+		  . "coalesce(retry_after_s::text, '\\N'), coalesce(encode(response_body, 'hex'), '\\N'), "
+		  . "coalesce(response_headers::text, '\\N')) "
 		  . "FROM idem_claim($args)";
 		return \%op;
 	}
@@ -509,17 +609,41 @@ sub random_call
 		$op{sql} = "SELECT 'R' || chr(31) || CASE WHEN r.key IS NULL THEN 'NULL' ELSE fmt(r) END FROM idem_lookup($args_key$args_scope) r";
 		return \%op;
 	}
-	# complete / fail
+	if ($fn eq 'forget')
+	{
+		$op{may_fail} = 1;    # IK005
+		$op{force} = rand() < 0.3 ? 1 : 0;
+		my $force = $op{force} ? ', force => true' : rand() < 0.3 ? ', force => false' : '';
+		$op{sql} = "SELECT 'R' || chr(31) || r::text FROM idem_forget($args_key$args_scope$force) r";
+		return \%op;
+	}
+	# complete / fail / extend / release
 	$op{may_fail} = 1;    # IK002, IK003, IK004
 	my $y = rand();
 	my $cur = $row ? $row->{attempt} : 1 + int(rand(2));
 	$op{attempt} = $y < 0.25 ? undef : $y < 0.70 ? $cur : $y < 0.85 ? $cur - 1 : $y < 0.95 ? $cur + 1 : 0;
+	# the owner's heartbeat and release always name their attempt
+	$op{attempt} //= $cur if $fn eq 'extend' || $fn eq 'release';
 	my @args = ($args_key);
+	if ($fn eq 'extend' || $fn eq 'release')
+	{
+		push @args, "attempt => $op{attempt}";
+		if ($fn eq 'extend')
+		{
+			my ($lease_sql, $lease, $lease_bad) = interval_choice('lease', $si);
+			($lease_sql, $lease) = ("'$sessions[$si]{lease} microseconds'", $sessions[$si]{lease}) if $lease_sql eq 'NULL';
+			$op{lease} = $lease;
+			$op{bad} = 1 if $lease_bad;
+			push @args, "lease => $lease_sql";
+		}
+		$op{sql} = "SELECT 'R' || chr(31) || fmt(r) FROM idem_$fn(" . join(', ', @args) . "$args_scope) r";
+		return \%op;
+	}
 	if ($fn eq 'complete')
 	{
-		$op{response} = pick(@responses);
-		push @args, lit($op{response});
-		if (rand() < 0.6) { $op{code} = pick(200, 201, 202, 409); push @args, "response_code => $op{code}" }
+		$op{response} = rand() < 0.1 ? undef : pick(@responses);
+		push @args, defined $op{response} ? lit($op{response}) : 'NULL';
+		if (rand() < 0.6) { $op{code} = pick(200, 201, 202, 204, 409); push @args, "response_code => $op{code}" }
 	}
 	else
 	{
@@ -530,6 +654,18 @@ sub random_call
 		elsif ($z < 0.8) { $op{retryable} = 0; push @args, 'retryable => false' }
 	}
 	push @args, "attempt => $op{attempt}" if defined $op{attempt};
+	# 1.2: the result's own ttl, a byte-exact body, headers
+	if (rand() < 0.3)
+	{
+		my ($ttl_sql, $ttl, $ttl_bad) = interval_choice('ttl', $si);
+		if ($ttl_sql ne 'NULL') { $op{ttl} = $ttl; $op{bad} = 1 if $ttl_bad; push @args, "ttl => $ttl_sql" }
+	}
+	if (rand() < 0.3) { $op{body} = pick(@bodies); push @args, "body => '\\x$op{body}'::bytea" }
+	if (rand() < 0.3)
+	{
+		if (rand() < 0.1) { $op{bad} = 1; push @args, "headers => '[]'" }
+		else { $op{headers} = pick(@headers); push @args, 'headers => ' . lit($op{headers}) }
+	}
 	$op{sql} = "SELECT 'R' || chr(31) || fmt(r) FROM idem_$fn(" . join(', ', @args) . "$args_scope) r";
 	return \%op;
 }
@@ -754,8 +890,10 @@ if ($nops >= 10000 && !$failure)
 {
 	for my $what ('claim: inserted', 'claim: replay', 'claim: in_progress', 'claim: re-entrant',
 		'claim: takeover of a lapsed lease', 'claim: takeover of a retryable failure',
-		'complete: done', 'fail: done', 'lookup: row', 'lookup: NULL', 'reap: rows deleted',
-		'error IK001', 'error IK002', 'error IK003', 'error IK004', 'error 22023',
+		'claim: an expired key, claimed anew', 'complete: done', 'fail: done', 'extend: done',
+		'release: done', 'forget: deleted', 'forget: no key', 'lookup: row', 'lookup: NULL',
+		'lookup: NULL (expired)', 'reap: rows deleted',
+		'error IK001', 'error IK002', 'error IK003', 'error IK004', 'error IK005', 'error 22023',
 		'transaction: committed', 'transaction: rolled back', 'call that waited for a transaction: after COMMIT')
 	{
 		cmp_ok($stats{$what} // 0, '>', 0, "covered: $what (" . ($stats{$what} // 0) . ')');

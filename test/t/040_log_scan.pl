@@ -81,10 +81,10 @@ sql(qq{
 	SELECT * FROM idem_complete('ok-1', '{"receipt": "$M-ok-complete"}', 201);
 	SELECT * FROM idem_claim('ok-1', request => '{"card": "$M-ok-claim"}');
 	SELECT * FROM idem_lookup('ok-1');
-	SELECT * FROM idem_claim('ok-2', request => '{"card": "$M-ok-claim2"}', ttl => '1 ms', lease => '1 ms');
+	SELECT * FROM idem_claim('ok-2', request => '{"card": "$M-ok-claim2"}', lease => '1 ms');
 	SELECT * FROM idem_fail('ok-2', '{"error": "$M-ok-fail"}', 502, retryable => true, attempt => 1);
 	SELECT * FROM idem_claim('ok-2', request => '{"card": "$M-ok-claim2"}');
-	SELECT * FROM idem_fail('ok-2', '{"error": "$M-ok-fail2"}', 400, retryable => false);
+	SELECT * FROM idem_fail('ok-2', '{"error": "$M-ok-fail2"}', 400, retryable => false, ttl => '1 ms');
 	SELECT pg_sleep(0.01);
 	SELECT idem_reap(1000);
 	SELECT * FROM idem_stats;

@@ -1,0 +1,102 @@
+# Heartbeats (SPEC §9.4, idem_extend): a 30 s job kept alive under a 2 s lease, and a crashed
+# heartbeater's key taken over once its last lease ends.
+#
+# A. The owner claims with lease => '2 s' and, for 30 s, calls idem_extend(key, 1, '2 s') every
+#    half second (a worker's heartbeat thread).  Between heartbeats a duplicate claims the key:
+#    in_progress every time, with retry_after_s of at most 2; no claim ever takes the key over.
+#    The owner then completes with attempt 1 (it was never fenced off) and the duplicate replays.
+# B. A second owner heartbeats a few times, then its session dies (its backend is terminated, as
+#    when the worker's process or connection is gone).  Until its last lease ends (by the database
+#    clock) a duplicate gets in_progress; the first claim after it takes the key over (attempt 2),
+#    within one lease of the last heartbeat; the dead owner's late heartbeat and completion get
+#    IK002.
+# The loops are bounded by the wall clock; the heartbeat period leaves 1.5 s of a 2 s lease spare.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+my $node = PostgreSQL::Test::Cluster->new('heartbeat');
+$node->init;
+$node->start;
+
+sub sql { return $node->safe_psql('postgres', $_[0]); }
+
+sub sqlstate
+{
+	my ($query) = @_;
+	my ($rc, $out, $err) = $node->psql('postgres', "\\set VERBOSITY sqlstate\n$query");
+	return $err =~ /ERROR:\s+(\S{5})/ ? $1 : "no error: $out";
+}
+
+sql('CREATE EXTENSION idempotency');
+my $req = q{'{"export": "2026-11", "rows": 1000000}'};
+
+# ---- A. a 30 s job under a 2 s lease
+my $owner = $node->background_psql('postgres');
+is($owner->query_safe(qq{SELECT outcome || ',' || attempt FROM idem_claim('job', $req, lease => '2 s')}),
+	'claimed,1', 'the owner claimed the job with a 2 s lease');
+
+my $start = time;
+my ($beats, $dups, @unexpected) = (0, 0);
+while (time - $start < 30)
+{
+	my $beat = $owner->query_safe(q{SELECT attempt || ',' || (locked_until > clock_timestamp()) FROM idem_extend('job', 1, '2 s')});
+	push @unexpected, "heartbeat: $beat" if $beat ne '1,true';
+	$beats++;
+	for (1 .. 2)
+	{
+		my $dup = sql(qq{SELECT concat_ws(',', outcome, inserted, attempt, retry_after_s BETWEEN 1 AND 2)
+		                 FROM idem_claim('job', $req, lease => '2 s')});
+		push @unexpected, "duplicate: $dup" if $dup ne 'in_progress,f,1,t';
+		$dups++;
+		sleep 0.25;
+	}
+}
+note "$beats heartbeats, $dups duplicate claims in " . sprintf('%.1f s', time - $start);
+cmp_ok(time - $start, '>=', 30, 'the job ran for 30 s, fifteen times its lease');
+is_deeply(\@unexpected, [], "every heartbeat kept the lease; every duplicate claim ($dups) got in_progress");
+is($owner->query_safe(q{SELECT state || ',' || attempt FROM idem_complete('job', '{"file": "s3://x"}', attempt => 1)}),
+	'succeeded,1', 'the owner completes with attempt 1: nobody took the job over');
+is(sql(qq{SELECT outcome || ',' || response_code FROM idem_claim('job', $req)}), 'replay,200', 'the duplicate replays');
+$owner->quit;
+
+# ---- B. a crashed heartbeater
+my $dead = $node->background_psql('postgres', on_error_stop => 0);
+$dead->query_safe(qq{SELECT idem_claim('job2', $req, lease => '2 s')});
+$dead->query_safe(q{SELECT idem_extend('job2', 1, '2 s')}) for 1 .. 3;
+my $pid = $dead->query_safe('SELECT pg_backend_pid()');
+is(sql("SELECT pg_terminate_backend($pid)"), 't', 'the heartbeater\'s session dies');
+$dead->quit;
+my $last_lease_end = sql(q{SELECT locked_until FROM idem_keys WHERE key = 'job2'});
+
+# before the last lease ends: in_progress (judged by the database clock around each claim)
+my ($early, $took_over) = (0, 0);
+my $deadline = time + 60;
+while (time < $deadline)
+{
+	my ($before, $outcome, $after) = split /\|/, sql(qq{
+		SELECT (clock_timestamp() < '$last_lease_end'::timestamptz)::text || '|'
+		       || (SELECT outcome || ',' || attempt FROM idem_claim('job2', $req, lease => '1 minute')) || '|'
+		       || (clock_timestamp() < '$last_lease_end'::timestamptz)::text});
+	if ($outcome eq 'claimed,2')
+	{
+		is($before, 'false', 'the key was taken over only after its last lease ended');
+		$took_over = 1;
+		last;
+	}
+	is($outcome, 'in_progress,1', 'a claim during the last lease gets in_progress') unless $early++;
+	die "in_progress after the lease ended: $outcome" if $after eq 'false' && $outcome ne 'in_progress,1';
+	sleep 0.1;
+}
+ok($took_over, 'the first claim after the last lease ended took the key over (attempt 2)');
+ok(sql(qq{SELECT claimed_at - '$last_lease_end'::timestamptz < interval '2 s' FROM idem_keys WHERE key = 'job2'}) eq 't',
+	'taken over within one lease of the last heartbeat\'s lease end');
+is(sqlstate(q{SELECT idem_extend('job2', 1, '2 s')}), 'IK002', 'the dead owner\'s late heartbeat is stale');
+is(sqlstate(q{SELECT idem_complete('job2', '{}', attempt => 1)}), 'IK002', 'so is its late completion');
+
+$node->stop;
+done_testing();
