@@ -1,5 +1,4 @@
 // The SQL-callable functions: argument checks (SPEC §4), then the key-state logic in core/.
-#include "common/fingerprint.hpp"
 #include "common/guard.hpp"
 #include "common/settings.hpp"
 #include "core/keystate.hpp"
