@@ -3,6 +3,7 @@
 #include "access/keytable.hpp"
 #include "common/pg.hpp"
 #include "common/settings.hpp"
+#include "core/wait.hpp"
 #include "stats/stats.hpp"
 #include "worker/worker.hpp"
 
@@ -20,10 +21,12 @@ _PG_init(void)
 	idem::define_settings();
 	idem::catalog_register_invalidation();
 	idem::keytable_register_callbacks();
-	// Shared memory (idem_stats) and the background reaper exist only when preloaded.
+	idem::wait_register_callbacks();
+	// Shared memory (idem_stats, waking waiting claims) and the background reaper exist only when preloaded.
 	if (process_shared_preload_libraries_in_progress)
 	{
 		idem::stats_request_shmem();
+		idem::wait_request_shmem();
 		idem::worker_register();
 	}
 }

@@ -1,5 +1,7 @@
 #include "access/keytable.hpp"
 
+#include "access/lockwait.hpp"
+
 extern "C" {
 #include "access/brin_revmap.h"
 #include "catalog/pg_am_d.h"
@@ -147,8 +149,9 @@ pkey_scankeys(KeyTable *kt, Datum scope, Datum key, ScanKeyData *keys)
 	keys[1].sk_argument = key;
 }
 
-bool
-keytable_find_latest(KeyTable *kt, Datum scope, Datum key)
+// keytable_find_latest, waiting for other transactions until *deadline when one is given.
+static Found
+find_latest(KeyTable *kt, Datum scope, Datum key, const TimestampTz *deadline)
 {
 	ScanKeyData keys[2];
 	pkey_scankeys(kt, scope, key, keys);
@@ -162,21 +165,53 @@ keytable_find_latest(KeyTable *kt, Datum scope, Datum key)
 		bool found = index_getnext_slot(scan, ForwardScanDirection, kt->found);
 		index_endscan(scan);
 		if (!found)
-			return false;
+			return Found::none;
 
 		// Another transaction is inserting, updating or deleting this version: wait for its
 		// decision (for a speculative insertion, just for that), then look again.
 		TransactionId xwait = TransactionIdIsValid(dirty.xmin) ? dirty.xmin : dirty.xmax;
 		if (!TransactionIdIsValid(xwait))
-			return true;
+			return Found::row;
 		ItemPointerData tid = kt->found->tts_tid;
+		// Nothing pinned while waiting.
 		ExecClearTuple(kt->found);
+		// A speculative inserter holds its token only while it checks its index entries.
 		if (dirty.speculativeToken != 0)
 			SpeculativeInsertionWait(dirty.xmin, dirty.speculativeToken);
-		else
+		else if (deadline == nullptr)
 			XactLockTableWait(xwait, kt->rel, &tid, XLTW_InsertIndex);
+		else if (!xact_wait_until(xwait, kt->rel, &tid, *deadline))
+			return Found::busy;
 		CHECK_FOR_INTERRUPTS();
 	}
+}
+
+bool
+keytable_find_latest(KeyTable *kt, Datum scope, Datum key)
+{
+	return find_latest(kt, scope, key, nullptr) == Found::row;
+}
+
+Found
+keytable_find_latest_until(KeyTable *kt, Datum scope, Datum key, TimestampTz deadline)
+{
+	return find_latest(kt, scope, key, &deadline);
+}
+
+Found
+keytable_probe_until(const Catalog *catalog, Datum scope, Datum key, TimestampTz deadline)
+{
+	KeyTable kt;
+	memset(&kt, 0, sizeof(kt));
+	kt.catalog = *catalog;
+	// The lock the SQL path's INSERT takes next: no upgrade.
+	kt.lockmode = RowExclusiveLock;
+	kt.rel = table_open(catalog->relid, kt.lockmode);
+	kt.pkey = index_open(catalog->pkey_oid, kt.lockmode);
+	kt.found = table_slot_create(kt.rel, nullptr);
+	Found found = find_latest(&kt, scope, key, &deadline);
+	keytable_close(&kt);
+	return found;
 }
 
 bool
@@ -291,6 +326,12 @@ keytable_read(KeyTable *kt, TupleTableSlot *slot, KeyRow *row)
 		row->value[c] = i < 0 ? (Datum) 0 : slot->tts_values[i];
 		row->isnull[c] = i < 0 ? true : slot->tts_isnull[i];
 	}
+}
+
+void
+keytable_release_found(KeyTable *kt)
+{
+	ExecClearTuple(kt->found);
 }
 
 TransactionId
@@ -462,6 +503,15 @@ keytable_delete(KeyTable *kt)
 			elog(ERROR, "idempotency: unexpected result %d deleting from idem_keys", (int) result);
 	}
 	pg_unreachable();
+}
+
+bool
+keytable_update_until(KeyTable *kt, const KeyRow *row, TimestampTz deadline, TM_Result *result)
+{
+	// Opened outside the subtransaction: its abort would close them under us.
+	open_indexes(kt);
+	auto update = [&] { *result = keytable_update(kt, row); };
+	return with_lock_deadline(deadline, update);
 }
 
 bool

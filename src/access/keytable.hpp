@@ -50,6 +50,21 @@ void keytable_close(KeyTable *kt);
 // inserting, updating or deleting it, then looking again. True with the version in kt->found.
 bool keytable_find_latest(KeyTable *kt, Datum scope, Datum key);
 
+// keytable_find_latest with waits for other transactions that end at `deadline`: busy when one
+// still holds the key then. A deadline already passed never blocks.
+enum class Found
+{
+	none,
+	row,
+	busy,
+};
+Found keytable_find_latest_until(KeyTable *kt, Datum scope, Datum key, TimestampTz deadline);
+
+// For the SQL path (row-level security), whose INSERT ... ON CONFLICT cannot be told not to wait:
+// keytable_find_latest_until on a table keytable_open left closed, reading no column (the caller
+// learns only whether another transaction holds the key, as the INSERT's wait would show it).
+Found keytable_probe_until(const Catalog *catalog, Datum scope, Datum key, TimestampTz deadline);
+
 // At load time: forget the row version this backend wrote last when its subtransaction aborts.
 void keytable_register_callbacks();
 
@@ -72,6 +87,8 @@ bool keytable_find_visible(KeyTable *kt, Datum scope, Datum key, Snapshot snapsh
 bool keytable_exists_now(KeyTable *kt, Datum scope, Datum key);
 
 void keytable_read(KeyTable *kt, TupleTableSlot *slot, KeyRow *row);
+// Forgets the version in kt->found, dropping its buffer pin (before a sleep).
+void keytable_release_found(KeyTable *kt);
 TransactionId keytable_found_xmin(KeyTable *kt);
 bool keytable_found_visible_to(KeyTable *kt, Snapshot snapshot);
 
@@ -82,6 +99,10 @@ bool keytable_insert(KeyTable *kt, const KeyRow *row);
 // Replaces the version in kt->found with the row, waiting for concurrent writers of it.
 // TM_Ok, or TM_Updated / TM_Deleted when that version is no longer the newest.
 TM_Result keytable_update(KeyTable *kt, const KeyRow *row);
+
+// keytable_update with its waits for concurrent writers ending at `deadline`: false, with nothing
+// written, when one still holds the row then (see access/lockwait.hpp: at least 1 ms).
+bool keytable_update_until(KeyTable *kt, const KeyRow *row, TimestampTz deadline, TM_Result *result);
 
 // Deletes the version in kt->found, waiting for a concurrent writer of it. TM_Ok, or TM_Updated /
 // TM_Deleted when that version is no longer the newest.

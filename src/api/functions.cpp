@@ -196,7 +196,9 @@ IDEM_SQL_FUNCTION(idem_claim)
 	values[0] = ObjectIdGetDatum(type->outcome_label[(int) out.outcome]);
 	values[1] = BoolGetDatum(out.inserted);
 	values[2] = Int32GetDatum(out.attempt);
+	isnull[2] = out.unseen;
 	values[3] = out.state;
+	isnull[3] = out.unseen;
 	values[4] = out.response;
 	isnull[4] = out.response_null;
 	values[5] = Int32GetDatum(out.response_code);
@@ -204,8 +206,9 @@ IDEM_SQL_FUNCTION(idem_claim)
 	values[6] = PointerGetDatum(out.retry_after);
 	isnull[6] = out.retry_after == nullptr;
 	values[7] = TimestampTzGetDatum(out.expires_at);
+	isnull[7] = out.unseen;
 	values[8] = Int32GetDatum(out.retry_after_s);
-	isnull[8] = out.retry_after == nullptr;
+	isnull[8] = out.outcome != Outcome::in_progress;
 	values[9] = out.response_body;
 	isnull[9] = out.response_body_null;
 	values[10] = out.response_headers;

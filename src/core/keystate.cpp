@@ -1,9 +1,11 @@
 #include "core/keystate.hpp"
 
+#include "access/lockwait.hpp"
 #include "access/policypath.hpp"
 #include "common/errors.hpp"
 #include "common/fingerprint.hpp"
 #include "common/settings.hpp"
+#include "core/wait.hpp"
 #include "stats/stats.hpp"
 
 namespace idem {
@@ -256,6 +258,7 @@ answer(const Catalog *c, Outcome outcome, bool inserted, const KeyRow *row, Clai
 {
 	out->outcome = outcome;
 	out->inserted = inserted;
+	out->unseen = false;
 	set_result_row(c, row, out);
 	switch (outcome)
 	{
@@ -301,10 +304,36 @@ answer_read(const Catalog *c, Step step, const KeyRow *row, TimestampTz now, Cla
 		// A re-entrant claim of a pending key: still this transaction's claim, neither new nor taken over.
 		out->outcome = Outcome::claimed;
 		out->inserted = false;
+		out->unseen = false;
 		set_result_row(c, row, out);
 	}
 	else
 		answer(c, Outcome::replay, false, row, out);
+}
+
+// `wait` ran out while another transaction still held the key uncommitted: nothing committed to
+// show. A retry is useful as soon as that transaction ends, which no lease bounds: the least
+// retry_after_s (SPEC §9.5).
+static void
+answer_unseen(ClaimOutput *out)
+{
+	out->outcome = Outcome::in_progress;
+	out->inserted = false;
+	out->unseen = true;
+	out->attempt = 0;
+	out->state = (Datum) 0;
+	out->response_null = true;
+	out->response = (Datum) 0;
+	out->response_code_null = true;
+	out->response_code = 0;
+	out->expires_at = 0;
+	out->retry_after = nullptr;
+	out->retry_after_s = 1;
+	out->response_body_null = true;
+	out->response_body = (Datum) 0;
+	out->response_headers_null = true;
+	out->response_headers = (Datum) 0;
+	stats_count(Counter::in_progress);
 }
 
 static const char *
@@ -427,8 +456,28 @@ serialization_failure_after(TM_Result result)
 // REPEATABLE READ and SERIALIZABLE keep the look first.
 static bool last_claim_created = false;
 
+// The key's latest version; with `wait`, other transactions' writes are waited for only until
+// its deadline.
+static Found
+find_for_claim(KeyTable *kt, const ClaimInput *in, const Waiter *waiter)
+{
+	if (waiter->bounded)
+		return keytable_find_latest_until(kt, in->scope, in->key, waiter->deadline);
+	return keytable_find_latest(kt, in->scope, in->key) ? Found::row : Found::none;
+}
+
+// False when `wait` ran out on a concurrent writer of the row: nothing was written.
+static bool
+write_takeover(KeyTable *kt, const KeyRow *row, const Waiter *waiter, TM_Result *result)
+{
+	if (waiter->bounded)
+		return keytable_update_until(kt, row, waiter->deadline, result);
+	*result = keytable_update(kt, row);
+	return true;
+}
+
 static void
-claim_direct(KeyTable *kt, const ClaimInput *in, ClaimOutput *out)
+claim_direct(KeyTable *kt, const ClaimInput *in, Waiter *waiter, ClaimOutput *out)
 {
 	const Catalog *c = &kt->catalog;
 	bool insert_first = last_claim_created && !IsolationUsesXactSnapshot() &&
@@ -437,7 +486,13 @@ claim_direct(KeyTable *kt, const ClaimInput *in, ClaimOutput *out)
 	{
 		CHECK_FOR_INTERRUPTS();
 		KeyRow row;
-		if (insert_first || !keytable_find_latest(kt, in->scope, in->key))
+		Found found = insert_first ? Found::none : find_for_claim(kt, in, waiter);
+		if (found == Found::busy)
+		{
+			answer_unseen(out);
+			return;
+		}
+		if (found == Found::none)
 		{
 			insert_first = false;
 			new_row(c, in, clock_now(), &row);
@@ -456,6 +511,12 @@ claim_direct(KeyTable *kt, const ClaimInput *in, ClaimOutput *out)
 		keytable_read(kt, kt->found, &row);
 		TimestampTz now = clock_now();
 		Step step = decide(c, &row, in, own, now);
+		if (step == Step::in_progress &&
+		    waiter_sleep(waiter, DatumGetTimestampTz(row.value[COL_LOCKED_UNTIL])))
+		{
+			keytable_release_found(kt);
+			continue; // woken, or the lease ended: look again
+		}
 		if (step != Step::takeover && step != Step::expired)
 		{
 			answer_read(c, step, &row, now, out);
@@ -467,7 +528,12 @@ claim_direct(KeyTable *kt, const ClaimInput *in, ClaimOutput *out)
 			new_row(c, in, now, &row);
 		else
 			takeover_row(c, in, now, &row);
-		TM_Result result = keytable_update(kt, &row);
+		TM_Result result;
+		if (!write_takeover(kt, &row, waiter, &result))
+		{
+			answer_unseen(out);
+			return;
+		}
 		if (result != TM_Ok)
 		{
 			serialization_failure_after(result);
@@ -581,17 +647,42 @@ hidden_key(Datum key)
 	                       key_text(key))));
 }
 
+// A policy-path write that may wait for a concurrent writer of the key: with `wait`, only until
+// its deadline (false then, nothing written).
+template <typename Write>
+static bool
+write_with_policies(const Waiter *waiter, Write &write)
+{
+	if (waiter->bounded)
+		return with_lock_deadline(waiter->deadline, write);
+	write();
+	return true;
+}
+
 static void
-claim_with_policies(const Catalog *c, const ClaimInput *in, ClaimOutput *out)
+claim_with_policies(const Catalog *c, const ClaimInput *in, Waiter *waiter, ClaimOutput *out)
 {
 	PolicySql ps;
 	policy_begin(&ps, c);
-	for (int unseen = 0;; unseen++)
+	for (int hidden_tries = 0;;)
 	{
 		CHECK_FOR_INTERRUPTS();
+		// Another transaction's write of the key is waited for here, where the wait can be bounded.
+		if (waiter->bounded && keytable_probe_until(c, in->scope, in->key, waiter->deadline) == Found::busy)
+		{
+			answer_unseen(out);
+			break;
+		}
 		KeyRow row, stored;
 		new_row(c, in, clock_now(), &row);
-		if (policy_insert(&ps, &row, &stored, nullptr))
+		bool inserted = false;
+		auto insert = [&] { inserted = policy_insert(&ps, &row, &stored, nullptr); };
+		if (!write_with_policies(waiter, insert))
+		{
+			answer_unseen(out);
+			break;
+		}
+		if (inserted)
 		{
 			answer(c, Outcome::claimed, true, &stored, out);
 			break;
@@ -600,12 +691,15 @@ claim_with_policies(const Catalog *c, const ClaimInput *in, ClaimOutput *out)
 		if (!policy_fetch(&ps, in->scope, in->key, false, &stored, &xmin, nullptr))
 		{
 			// Reaped since the insert saw it, or hidden by a policy: a few tries tell them apart.
-			if (unseen >= 3)
+			if (++hidden_tries > 3)
 				hidden_key(in->key);
 			continue;
 		}
 		TimestampTz now = clock_now();
 		Step step = decide(c, &stored, in, TransactionIdIsCurrentTransactionId(xmin), now);
+		if (step == Step::in_progress &&
+		    waiter_sleep(waiter, DatumGetTimestampTz(stored.value[COL_LOCKED_UNTIL])))
+			continue; // woken, or the lease ended: look again
 		if (step != Step::takeover && step != Step::expired)
 		{
 			answer_read(c, step, &stored, now, out);
@@ -619,7 +713,14 @@ claim_with_policies(const Catalog *c, const ClaimInput *in, ClaimOutput *out)
 			takeover_row(c, in, now, &row);
 		}
 		KeyRow updated;
-		if (policy_update(&ps, &stored, &row, &updated, nullptr))
+		bool written = false;
+		auto update = [&] { written = policy_update(&ps, &stored, &row, &updated, nullptr); };
+		if (!write_with_policies(waiter, update))
+		{
+			answer_unseen(out);
+			break;
+		}
+		if (written)
 		{
 			answer(c, Outcome::claimed, step == Step::expired, &updated, out);
 			break;
@@ -692,16 +793,21 @@ claim(const ClaimInput *given, ClaimOutput *out)
 	out->retry_after = nullptr;
 	out->retry_after_s = 0;
 	ClaimInput in = *given;
+	Waiter waiter;
+	waiter_begin(&waiter, in.wait, in.scope, in.key);
 	KeyTable kt;
-	if (!keytable_open(&kt, Access::write, "idem_claim()"))
+	if (keytable_open(&kt, Access::write, "idem_claim()"))
 	{
 		fingerprint_request(&kt.catalog, &in);
-		claim_with_policies(&kt.catalog, &in, out);
-		return;
+		claim_direct(&kt, &in, &waiter, out);
+		keytable_close(&kt);
 	}
-	fingerprint_request(&kt.catalog, &in);
-	claim_direct(&kt, &in, out);
-	keytable_close(&kt);
+	else
+	{
+		fingerprint_request(&kt.catalog, &in);
+		claim_with_policies(&kt.catalog, &in, &waiter, out);
+	}
+	waiter_end(&waiter);
 }
 
 Datum
@@ -720,6 +826,7 @@ finish(const FinishInput *in)
 		finished = update_with_policies(&kt.catalog, in->scope, in->key,
 		                                [&](KeyRow *row) { finish_row(&kt.catalog, in, row); });
 	stats_count(in->to == STATE_SUCCEEDED ? Counter::completes : Counter::fails);
+	wake_at_commit(in->scope, in->key);
 	return finished;
 }
 
@@ -738,6 +845,9 @@ set_lease(const LeaseInput *in)
 	else
 		written = update_with_policies(&kt.catalog, in->scope, in->key,
 		                               [&](KeyRow *row) { lease_row(&kt.catalog, in, row); });
+	// A released key is free now; an extended one only keeps its waiters waiting longer.
+	if (in->lease == nullptr)
+		wake_at_commit(in->scope, in->key);
 	return written;
 }
 
@@ -755,6 +865,8 @@ forget(Datum scope, Datum key, bool force)
 	else
 		deleted = delete_with_policies(&kt.catalog, scope, key,
 		                               [&](const KeyRow *row) { check_forgettable(&kt.catalog, key, force, row); });
+	if (deleted)
+		wake_at_commit(scope, key);
 	return deleted;
 }
 

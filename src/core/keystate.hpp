@@ -33,6 +33,9 @@ struct ClaimOutput
 {
 	Outcome outcome;
 	bool inserted;
+	bool unseen;              // in_progress behind another transaction's uncommitted write:
+	                          // no committed row to show, every column below NULL but
+	                          // retry_after_s
 	int32 attempt;
 	Datum state;              // idem_state label
 	bool response_null;

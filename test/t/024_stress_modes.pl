@@ -15,6 +15,13 @@
 #   the transaction rolls back; 10% abandon the key (the worker "crashed").  A completion whose
 #   attempt was taken over gets IK002; finish() catches exactly that, which rolls back its
 #   business row with it, and records the fencing.
+# Scopes 'txwait' and 'leasewait' run the same two scripts with `wait` (SPEC §9.3): a random 0..30 ms
+# (a quarter of them 0, NOWAIT) in same-transaction mode, where an uncommitted duplicate ends as
+# in_progress with no row to show; a random 0..100 ms in lease mode, where a waiter ends as a
+# replay (woken by the owner's commit), a takeover (lease ended, or a retryable failure) or
+# in_progress. The same invariants hold for them, plus what waiting adds: a row-less in_progress
+# only with `wait`, a visible in_progress only on a pending key.
+#
 # IK003 (key does not exist) can never be right for a key the client claimed: finish() records it
 # in anomaly_log, checked below.  Any other error makes pgbench abort the client: there must be
 # none.
@@ -64,8 +71,9 @@ CREATE EXTENSION idempotency;
 CREATE TABLE biz (scope text NOT NULL, key text NOT NULL, attempt integer NOT NULL, client integer NOT NULL);
 CREATE INDEX ON biz (scope, key);
 -- every committed claim and what it answered
+-- (attempt and state are NULL in an in_progress answer behind another transaction's uncommitted write)
 CREATE TABLE claim_log (scope text NOT NULL, key text NOT NULL, outcome idem_outcome NOT NULL,
-                        inserted boolean NOT NULL, attempt integer NOT NULL, state idem_state NOT NULL,
+                        inserted boolean NOT NULL, attempt integer, state idem_state,
                         response jsonb, response_code integer);
 CREATE INDEX ON claim_log (scope, key);
 CREATE TABLE fence_log (scope text NOT NULL, key text NOT NULL, attempt integer NOT NULL);
@@ -74,30 +82,30 @@ CREATE TABLE anomaly_log (scope text NOT NULL, key text NOT NULL, attempt intege
                           sqlstate text NOT NULL, message text NOT NULL);
 
 -- lease mode, second transaction: business row and completion together; IK002 undoes both
-CREATE FUNCTION finish(p_key text, p_attempt integer, p_client integer, p_mode integer)
+CREATE FUNCTION finish(p_key text, p_attempt integer, p_client integer, p_mode integer, p_scope text)
 RETURNS text LANGUAGE plpgsql AS $$
 BEGIN
     IF p_mode IN (2, 3) THEN
         PERFORM idem_fail(p_key, jsonb_build_object('error', 'transient', 'attempt', p_attempt), 503,
-                          retryable => true, scope => 'lease', attempt => p_attempt);
+                          retryable => true, scope => p_scope, attempt => p_attempt);
         RETURN 'failed retryable';
     ELSIF p_mode = 4 THEN
         PERFORM idem_fail(p_key, jsonb_build_object('error', 'final', 'attempt', p_attempt), 402,
-                          retryable => false, scope => 'lease', attempt => p_attempt);
+                          retryable => false, scope => p_scope, attempt => p_attempt);
         RETURN 'failed final';
     END IF;
-    INSERT INTO biz VALUES ('lease', p_key, p_attempt, p_client);
+    INSERT INTO biz VALUES (p_scope, p_key, p_attempt, p_client);
     PERFORM idem_complete(p_key, jsonb_build_object('client', p_client, 'attempt', p_attempt), 201,
-                          scope => 'lease', attempt => p_attempt);
+                          scope => p_scope, attempt => p_attempt);
     RETURN 'completed';
 EXCEPTION
     WHEN SQLSTATE 'IK002' THEN
-        INSERT INTO fence_log VALUES ('lease', p_key, p_attempt);
+        INSERT INTO fence_log VALUES (p_scope, p_key, p_attempt);
         RETURN 'fenced';
     WHEN SQLSTATE 'IK003' THEN
         -- never right: this client claimed the key and nothing deletes keys here.  Recorded
         -- (and checked below) instead of aborting the client, so that the rest still runs.
-        INSERT INTO anomaly_log VALUES ('lease', p_key, p_attempt, SQLSTATE, SQLERRM);
+        INSERT INTO anomaly_log VALUES (p_scope, p_key, p_attempt, SQLSTATE, SQLERRM);
         RETURN 'IK003';
 END
 $$;
@@ -122,30 +130,31 @@ my $tx_script = q{
 \set k random(1, 50)
 \set r random(1, 10)
 \set e random(1, 10)
+\set w random(-10, 30)
 SELECT floor(extract(epoch FROM clock_timestamp()) * 2)::bigint AS slot \gset
 BEGIN;
 WITH c AS MATERIALIZED (
-    SELECT * FROM idem_claim('k' || :slot || '-' || :k, jsonb_build_object('k', :k), scope => 'tx')
+    SELECT * FROM idem_claim('k' || :slot || '-' || :k, jsonb_build_object('k', :k), scope => 'SCOPE'WAIT)
 ), l AS (
-    INSERT INTO claim_log SELECT 'tx', 'k' || :slot || '-' || :k, outcome, inserted, attempt, state, response, response_code FROM c
+    INSERT INTO claim_log SELECT 'SCOPE', 'k' || :slot || '-' || :k, outcome, inserted, attempt, state, response, response_code FROM c
 )
 SELECT (outcome = 'claimed')::int AS owned, attempt FROM c \gset
 \if :owned
 \if :e = 1
 SAVEPOINT work;
-INSERT INTO biz VALUES ('tx', 'k' || :slot || '-' || :k, :attempt, :client_id);
+INSERT INTO biz VALUES ('SCOPE', 'k' || :slot || '-' || :k, :attempt, :client_id);
 ROLLBACK TO SAVEPOINT work;
 SELECT 1 FROM idem_fail('k' || :slot || '-' || :k, jsonb_build_object('error', 'declined', 'attempt', :attempt), 402,
-                        retryable => false, scope => 'tx', attempt => :attempt);
+                        retryable => false, scope => 'SCOPE', attempt => :attempt);
 \else
-INSERT INTO biz VALUES ('tx', 'k' || :slot || '-' || :k, :attempt, :client_id);
+INSERT INTO biz VALUES ('SCOPE', 'k' || :slot || '-' || :k, :attempt, :client_id);
 SELECT 1 FROM idem_complete('k' || :slot || '-' || :k, jsonb_build_object('client', :client_id, 'attempt', :attempt), 201,
-                            scope => 'tx', attempt => :attempt);
+                            scope => 'SCOPE', attempt => :attempt);
 \endif
 \endif
 \if :r = 1
 ROLLBACK;
-INSERT INTO outcome_log VALUES ('tx', 'rollback');
+INSERT INTO outcome_log VALUES ('SCOPE', 'rollback');
 \else
 COMMIT;
 \endif
@@ -156,37 +165,52 @@ my $lease_script = q{
 \set lease random(5, 60)
 \set work random(0, 80)
 \set m random(1, 20)
+\set w random(0, 100)
 SELECT floor(extract(epoch FROM clock_timestamp()) * 2)::bigint AS slot \gset
 WITH c AS MATERIALIZED (
-    SELECT * FROM idem_claim('k' || :slot || '-' || :k, jsonb_build_object('k', :k), scope => 'lease',
-                             lease => make_interval(secs => :lease / 1000.0))
+    SELECT * FROM idem_claim('k' || :slot || '-' || :k, jsonb_build_object('k', :k), scope => 'SCOPE',
+                             lease => make_interval(secs => :lease / 1000.0)WAIT)
 ), l AS (
-    INSERT INTO claim_log SELECT 'lease', 'k' || :slot || '-' || :k, outcome, inserted, attempt, state, response, response_code FROM c
+    INSERT INTO claim_log SELECT 'SCOPE', 'k' || :slot || '-' || :k, outcome, inserted, attempt, state, response, response_code FROM c
 )
 SELECT (outcome = 'claimed')::int AS owned, attempt FROM c \gset
 \if :owned
 \sleep :work ms
 \if :m <= 2
-INSERT INTO outcome_log VALUES ('lease', 'abandoned');
+INSERT INTO outcome_log VALUES ('SCOPE', 'abandoned');
 \elif :m = 3
 BEGIN;
-SELECT finish('k' || :slot || '-' || :k, :attempt, :client_id, 1);
+SELECT finish('k' || :slot || '-' || :k, :attempt, :client_id, 1, 'SCOPE');
 ROLLBACK;
-INSERT INTO outcome_log VALUES ('lease', 'rolled back');
+INSERT INTO outcome_log VALUES ('SCOPE', 'rolled back');
 \else
-INSERT INTO outcome_log SELECT 'lease', finish('k' || :slot || '-' || :k, :attempt, :client_id,
-                                               CASE WHEN :m <= 5 THEN 2 WHEN :m = 6 THEN 4 ELSE 1 END);
+INSERT INTO outcome_log SELECT 'SCOPE', finish('k' || :slot || '-' || :k, :attempt, :client_id,
+                                               CASE WHEN :m <= 5 THEN 2 WHEN :m = 6 THEN 4 ELSE 1 END, 'SCOPE');
 \endif
 \endif
 };
 
-my ($tx_file, $lease_file) = map { $node->basedir . "/$_.sql" } qw(tx lease);
-PostgreSQL::Test::Utils::append_to_file($tx_file, $tx_script);
-PostgreSQL::Test::Utils::append_to_file($lease_file, $lease_script);
+# The four scripts: each mode without and with `wait`.
+my $wait = ', wait => make_interval(secs => greatest(:w, 0) / 1000.0)';
+my %scripts = (
+	tx => [ $tx_script, '' ],
+	lease => [ $lease_script, '' ],
+	txwait => [ $tx_script, $wait ],
+	leasewait => [ $lease_script, $wait ]);
+my @files;
+for my $scope (sort keys %scripts)
+{
+	my ($text, $wait_arg) = @{ $scripts{$scope} };
+	$text =~ s/SCOPE/$scope/g;
+	$text =~ s/WAIT/$wait_arg/g;
+	my $file = $node->basedir . "/$scope.sql";
+	PostgreSQL::Test::Utils::append_to_file($file, $text);
+	push @files, '-f', "$file\@1";
+}
 
 my @cmd = (
 	'pgbench', '-n', '-c', $clients, '-j', 4, '-T', $seconds,
-	'-f', "$tx_file\@1", '-f', "$lease_file\@1",
+	@files,
 	'-h', $node->host, '-p', $node->port, 'postgres');
 note "running: @cmd";
 my ($out, $err) = ('', '');
@@ -228,7 +252,7 @@ $$;
 
 # ---- invariants
 query('ANALYZE biz, claim_log, fence_log, idem_keys');
-for my $scope (qw(tx lease))
+for my $scope (qw(tx lease txwait leasewait))
 {
 	my $q = sub { my ($sql) = @_; $sql =~ s/:scope/'$scope'/g; return query($sql); };
 	my $keys = $q->(q{SELECT count(*) FROM idem_keys WHERE scope = :scope});
@@ -279,29 +303,44 @@ for my $scope (qw(tx lease))
 	is( $q->(q{SELECT count(*) FROM claim_log l JOIN idem_keys k ON k.scope = l.scope AND k.key = l.key
 	            WHERE l.scope = :scope AND l.outcome = 'in_progress' AND l.attempt > k.attempt}),
 		'0', "$scope: in_progress answers report an attempt the key really had");
+	is( $q->(q{SELECT count(*) FROM claim_log WHERE scope = :scope AND outcome = 'in_progress' AND state <> 'pending'}),
+		'0', "$scope: an in_progress answer with a row shows a pending key");
+	is( $q->(q{SELECT count(*) FROM claim_log WHERE scope = :scope
+	             AND (attempt IS NULL OR state IS NULL) AND NOT (outcome = 'in_progress' AND attempt IS NULL AND state IS NULL)}),
+		'0', "$scope: only an in_progress answer comes without a row, and then with neither attempt nor state");
 }
+is(query(q{SELECT count(*) FROM claim_log WHERE scope IN ('tx', 'lease') AND attempt IS NULL}), '0',
+	'without wait, every answer shows the row (a duplicate waits for the transaction holding the key)');
 
 # mode-specific facts, and proof that the stress did what it says
 is(query(q{SELECT count(*) FROM claim_log WHERE scope = 'tx' AND outcome = 'in_progress'}), '0',
 	'tx: nobody saw in_progress (a duplicate waits for the transaction that holds the key)');
-is(query(q{SELECT count(*) FROM claim_log WHERE scope = 'tx' AND outcome = 'claimed' AND attempt <> 1}), '0',
-	'tx: no takeover in same-transaction mode (a rolled-back claim leaves nothing to take over)');
+is(query(q{SELECT count(*) FROM claim_log WHERE scope IN ('tx', 'txwait') AND outcome = 'claimed' AND attempt <> 1}), '0',
+	'tx, txwait: no takeover in same-transaction mode (a rolled-back claim leaves nothing to take over)');
+is(query(q{SELECT count(*) FROM claim_log WHERE scope = 'txwait' AND outcome = 'in_progress' AND attempt IS NOT NULL}), '0',
+	'txwait: every in_progress was behind an uncommitted claim (a committed key here is always finished)');
 my %n = map { split /=/ } split /\n/, query(q{
 	SELECT 'tx_replays=' || count(*) FILTER (WHERE scope = 'tx' AND outcome = 'replay') FROM claim_log
 	UNION ALL SELECT 'tx_rollbacks=' || count(*) FROM outcome_log WHERE scope = 'tx' AND what = 'rollback'
 	UNION ALL SELECT 'tx_final_failures=' || count(*) FROM idem_keys WHERE scope = 'tx' AND state = 'failed'
 	UNION ALL SELECT 'lease_takeovers=' || count(*) FROM claim_log WHERE scope = 'lease' AND outcome = 'claimed' AND NOT inserted
 	UNION ALL SELECT 'lease_in_progress=' || count(*) FROM claim_log WHERE scope = 'lease' AND outcome = 'in_progress'
-	UNION ALL SELECT 'lease_fenced=' || count(*) FROM fence_log
+	UNION ALL SELECT 'lease_fenced=' || count(*) FROM fence_log WHERE scope = 'lease'
 	UNION ALL SELECT 'lease_replays=' || count(*) FROM claim_log WHERE scope = 'lease' AND outcome = 'replay'
 	UNION ALL SELECT 'lease_rolled_back=' || count(*) FROM outcome_log WHERE scope = 'lease' AND what = 'rolled back'
-	UNION ALL SELECT 'lease_abandoned=' || count(*) FROM outcome_log WHERE scope = 'lease' AND what = 'abandoned'});
+	UNION ALL SELECT 'lease_abandoned=' || count(*) FROM outcome_log WHERE scope = 'lease' AND what = 'abandoned'
+	UNION ALL SELECT 'txwait_replays=' || count(*) FROM claim_log WHERE scope = 'txwait' AND outcome = 'replay'
+	UNION ALL SELECT 'txwait_in_progress=' || count(*) FROM claim_log WHERE scope = 'txwait' AND outcome = 'in_progress'
+	UNION ALL SELECT 'leasewait_replays=' || count(*) FROM claim_log WHERE scope = 'leasewait' AND outcome = 'replay'
+	UNION ALL SELECT 'leasewait_takeovers=' || count(*) FROM claim_log WHERE scope = 'leasewait' AND outcome = 'claimed' AND NOT inserted
+	UNION ALL SELECT 'leasewait_in_progress=' || count(*) FROM claim_log WHERE scope = 'leasewait' AND outcome = 'in_progress'
+	UNION ALL SELECT 'leasewait_fenced=' || count(*) FROM fence_log WHERE scope = 'leasewait'});
 note join(' ', map { "$_=$n{$_}" } sort keys %n);
 cmp_ok($n{$_}, '>', 0, "the stress produced $_ ($n{$_})") for sort keys %n;
 
 # A completion racing a takeover of the same key must never get IK003: the key exists all along.
 is(query(q{SELECT count(*) || coalesce(': ' || string_agg(DISTINCT message, '; '), '') FROM anomaly_log}),
-	'0', 'lease: no completion of a claimed key got IK003 (key does not exist)');
+	'0', 'lease, leasewait: no completion of a claimed key got IK003 (key does not exist)');
 
 # ---- phase 2: stale completions racing with takeovers of one key
 query(q{SELECT idem_claim('race', scope => 'race', lease => '1 microsecond')});
