@@ -29,6 +29,10 @@ run_with_lock_deadline(TimestampTz deadline, void (*fn)(void *), void *arg)
 		(void) set_config_option("lock_timeout", value, PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
 		                         true, 0, false);
 		fn(arg);
+		// A lock_timeout that fired just as the wait ended leaves its cancel pending: ProcSleep
+		// keeps the timeout's indicator, and the next interrupt check raises 55P03. Take it here,
+		// where it is caught, not at the caller's next check. A real cancel still propagates.
+		CHECK_FOR_INTERRUPTS();
 		ReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(caller);
 		CurrentResourceOwner = owner;
