@@ -19,6 +19,9 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use IdemSqlstate;
 
 my $node = PostgreSQL::Test::Cluster->new('upgrade12');
 $node->init;
@@ -26,12 +29,7 @@ $node->start;
 
 sub sql { return $node->safe_psql('postgres', $_[0]); }
 
-sub sqlstate
-{
-	my ($query) = @_;
-	my ($rc, $out, $err) = $node->psql('postgres', "\\set VERBOSITY sqlstate\n$query");
-	return $err =~ /ERROR:\s+(\S{5})/ ? $1 : "no error: $out";
-}
+sub sqlstate { return sqlstate_of($node, $_[0]); }
 
 sql(q{CREATE EXTENSION idempotency VERSION '1.1'});
 is(sql(q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}), '1.1', 'installed 1.1');

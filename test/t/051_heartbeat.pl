@@ -19,6 +19,9 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use IdemSqlstate;
 use Time::HiRes qw(time sleep);
 
 my $node = PostgreSQL::Test::Cluster->new('heartbeat');
@@ -27,12 +30,7 @@ $node->start;
 
 sub sql { return $node->safe_psql('postgres', $_[0]); }
 
-sub sqlstate
-{
-	my ($query) = @_;
-	my ($rc, $out, $err) = $node->psql('postgres', "\\set VERBOSITY sqlstate\n$query");
-	return $err =~ /ERROR:\s+(\S{5})/ ? $1 : "no error: $out";
-}
+sub sqlstate { return sqlstate_of($node, $_[0]); }
 
 sql('CREATE EXTENSION idempotency');
 my $req = q{'{"export": "2026-11", "rows": 1000000}'};
