@@ -66,7 +66,7 @@ my $keys_sql = q{SELECT string_agg(concat_ws('|', scope, key, state, attempt, en
 	response_code, retryable, created_at, locked_until, completed_at, expires_at), E'\n' ORDER BY scope, key) FROM idem_keys};
 my $before = sql($keys_sql);
 
-sql('ALTER EXTENSION idempotency UPDATE');
+sql(q{ALTER EXTENSION idempotency UPDATE TO '1.2'});
 is(sql(q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}), '1.2', 'ALTER EXTENSION UPDATE reaches 1.2');
 is(sql($keys_sql), $before, 'every key kept, column for column');
 is(sql(q{SELECT count(*) FROM idem_keys WHERE response_body IS NULL AND response_headers IS NULL AND claimed_at IS NULL}),
