@@ -17,7 +17,7 @@ ISOLATION = $(basename $(notdir $(wildcard test/isolation/specs/*.spec)))
 ISOLATION_OPTS = --inputdir=test/isolation --load-extension=$(EXTENSION)
 # Perl TAP tests (PostgreSQL::Test::Cluster); they make their own clusters
 TAP_TESTS = 1
-PROVE_TESTS = $(wildcard test/t/*.pl)
+PROVE_TESTS ?= $(wildcard test/t/*.pl)
 
 # No LLVM bitcode for JIT inlining: it would need clang and buys nothing here. Set before the
 # include so that PGXS's rules see it.
