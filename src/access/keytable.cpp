@@ -627,10 +627,9 @@ range_summarized(BrinRevmap *revmap, BlockNumber start, Buffer *buf)
 	return true;
 }
 
-int
-keytable_summarize_new_ranges(KeyTable *kt)
+static int
+summarize_new_ranges(Relation rel, Relation index)
 {
-	Relation index = kt->expiry;
 	if (index->rd_rel->relam != BRIN_AM_OID)
 		return 0;
 
@@ -640,7 +639,7 @@ keytable_summarize_new_ranges(KeyTable *kt)
 	// widen the summary, an index write per claim.
 	BlockNumber per_range;
 	BrinRevmap *revmap = brinRevmapInitialize(index, &per_range, nullptr);
-	BlockNumber complete_end = RelationGetNumberOfBlocks(kt->rel) / per_range * per_range;
+	BlockNumber complete_end = RelationGetNumberOfBlocks(rel) / per_range * per_range;
 	BlockNumber first_new = complete_end;
 	Buffer buf = InvalidBuffer;
 	while (first_new > 0 && !range_summarized(revmap, first_new - per_range, &buf))
@@ -652,21 +651,39 @@ keytable_summarize_new_ranges(KeyTable *kt)
 		return 0;
 
 	// The lock that summarizing takes conflicts with vacuum's and with itself, never with DML.
-	if (!ConditionalLockRelation(kt->rel, ShareUpdateExclusiveLock))
+	if (!ConditionalLockRelation(rel, ShareUpdateExclusiveLock))
 		return 0;
 	// brin_summarize_range asks for the index's owner, as VACUUM would; reaping is what a
 	// caller with DELETE on idem_keys may do, and this is part of it.
 	Oid saved_user;
 	int saved_context;
 	GetUserIdAndSecContext(&saved_user, &saved_context);
-	SetUserIdAndSecContext(kt->rel->rd_rel->relowner, saved_context | SECURITY_RESTRICTED_OPERATION);
+	SetUserIdAndSecContext(rel->rd_rel->relowner, saved_context | SECURITY_RESTRICTED_OPERATION);
 	int summarized = 0;
 	for (BlockNumber start = first_new; start < complete_end; start += per_range)
 		summarized += DatumGetInt32(DirectFunctionCall2(brin_summarize_range,
 		                                                ObjectIdGetDatum(RelationGetRelid(index)),
 		                                                Int64GetDatum(static_cast<int64>(start))));
 	SetUserIdAndSecContext(saved_user, saved_context);
-	UnlockRelation(kt->rel, ShareUpdateExclusiveLock);
+	UnlockRelation(rel, ShareUpdateExclusiveLock);
+	return summarized;
+}
+
+int
+keytable_summarize_new_ranges(KeyTable *kt)
+{
+	return summarize_new_ranges(kt->rel, kt->expiry);
+}
+
+int
+keytable_summarize_new_ranges_unopened(const Catalog *catalog)
+{
+	// The lock the SQL path's DELETE takes next: no upgrade.
+	Relation rel = table_open(catalog->relid, RowExclusiveLock);
+	Relation index = index_open(catalog->expiry_oid, RowExclusiveLock);
+	int summarized = summarize_new_ranges(rel, index);
+	index_close(index, NoLock);
+	table_close(rel, NoLock);
 	return summarized;
 }
 

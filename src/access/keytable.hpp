@@ -137,6 +137,10 @@ void keytable_expiry_end(ExpiryScan *es);
 // holding it summarizes them itself); claims (RowExclusiveLock) are never blocked by it. Returns
 // the ranges summarized.
 int keytable_summarize_new_ranges(KeyTable *kt);
+// The same for the SQL path (row-level security), on a table keytable_open left closed. The
+// ranges hold every scope's keys, but summarizing reads and changes no row and tells the caller
+// nothing of them: the maintenance any reaper's DELETE privilege allows, as on the direct path.
+int keytable_summarize_new_ranges_unopened(const Catalog *catalog);
 
 // The version in kt->found, or the tuple last written, as a composite datum of idem_keys' row type.
 Datum keytable_found_datum(KeyTable *kt);

@@ -912,6 +912,9 @@ reap(int32 max_rows)
 	}
 	else
 	{
+		// As reap_direct: the policies decide which keys this caller deletes, not which ranges
+		// get summaries; without them a scan of the index reads the new ranges whole.
+		(void) keytable_summarize_new_ranges_unopened(&kt.catalog);
 		PolicySql ps;
 		policy_begin(&ps, &kt.catalog);
 		reaped = policy_reap(&ps, clock_now(), max_rows);
