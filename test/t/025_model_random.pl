@@ -7,7 +7,8 @@
 # idem_fail (attempt: none, the right one, stale, ahead, 0; response, code, retryable random),
 # idem_lookup, idem_reap (max_rows none, 1..4, or 0); and 1.2's: idem_complete / idem_fail with a
 # ttl, a body and headers, idem_extend and idem_release (attempt right, stale or ahead; lease
-# valid or not), idem_forget (with and without force).  An expired key (past expires_at, no live
+# valid or not), idem_forget (with and without force), and idem_claim's wait (none, 0, a few ms,
+# or an invalid value).  An expired key (past expires_at, no live
 # lease) is absent for every function: claimed anew, IK003 for the owner's calls, NULL for
 # lookup, whether or not it was reaped.  The three sessions have different
 # idempotency.default_lease / default_ttl settings.
@@ -27,6 +28,16 @@
 # checked against the bracket and against each other (locked_until = clock + lease and
 # expires_at = clock + ttl from one clock; a takeover's expires_at = greatest(old, clock + ttl)),
 # and from then on known exactly.
+#
+# Waiting.  A claim with `wait` on a live lease that nobody acts on waits until the lease ends
+# (then takes the key over) or until `wait` runs out (in_progress, and the call took at least
+# `wait`): a lease ending before the call began plus `wait` must be taken over.  A claim with
+# `wait` on a key that another session's open transaction has written gets in_progress with
+# nothing visible (attempt, state, expires_at NULL; retry_after_s 1) and changes nothing.  And now
+# and then, with no transaction open, one session claims a key held by a committed hour-long
+# lease with a wait of a minute, in the background; the other sessions work on other keys (the
+# waiter must still be waiting), then one of them completes, fails, releases or forgets the key:
+# the waiter, woken, must answer from what that left (replay, takeover, or a new claim).
 #
 # Transactions.  Now and then one session opens a transaction and runs operations in it, each
 # under a savepoint (an error rolls back to it; a few successful ones are rolled back too), and
@@ -299,6 +310,17 @@ sub check_call
 	if ($op->{fn} eq 'claim')
 	{
 		return $want_err->('22023') if $op->{bad};
+		if ($op->{held})
+		{
+			# another transaction's uncommitted write of the key, waited for until `wait` ran out
+			return "unexpected error $err" if $err ne '';
+			return 'the claim returned no row' unless $r;
+			my @want = ('in_progress', 'false', ($N) x 6, 1, $N, $N);
+			return "claim of a key held by an open transaction: (" . join(',', @$r) . ") expected (" . join(',', @want) . ")"
+			  if join($US, @$r) ne join($US, @want);
+			$stats{'claim: wait ran out on an uncommitted write'}++;
+			return undef;
+		}
 		my $fp = fingerprint_of($id, $op);
 		my $expect_new = sub {    # the row after an insert or a takeover; checks the clock
 			my ($old) = @_;
@@ -376,10 +398,18 @@ sub check_call
 			return $result_is->('replay', 'false', $row);
 		}
 		my $live;
+		my $wait = $op->{wait} // 0;
 		if ($row->{state} eq 'pending')
 		{
-			if ($row->{locked} > $t1) { $live = 1 }
-			elsif ($row->{locked} <= $t0) { $live = 0 }
+			if ($row->{locked} > $t1)
+			{
+				$live = 1;
+				# in_progress only once `wait` ran out (its deadline is at least t0 + wait)
+				return "in_progress after " . ($t1 - $t0) . " µs, before the wait of $wait µs ran out"
+				  if $t1 - $t0 < $wait;
+			}
+			# a lease that ended by the wait's deadline is waited for, then taken over
+			elsif ($row->{locked} <= $t0 + $wait) { $live = 0 }
 			else
 			{
 				$live = $r->[0] eq 'in_progress' ? 1 : 0;
@@ -389,8 +419,11 @@ sub check_call
 		if ($live)
 		{
 			$stats{'claim: in_progress'}++;
+			$stats{'claim: wait ran out on a live lease'}++ if $wait > 0;
 			return $result_is->('in_progress', 'false', $row);
 		}
+		$stats{'claim: waited for the lease to end, took over'}++
+		  if $wait > 0 && $row->{state} eq 'pending' && $row->{locked} > $t0;
 		my ($w, $e) = $expect_new->($row);
 		return $e if $e;
 		$e = $result_is->('claimed', 'false', $w);
@@ -543,7 +576,22 @@ sub interval_choice
 	return (pick("'0 seconds'", "'-5 seconds'", "'101 years'"), undef, 1);
 }
 
+# A wait argument: (sql, µs, invalid); sql undef for none.  Short, so that a call waiting on a
+# lease nobody finishes costs little.
+sub wait_choice
+{
+	my $x = rand();
+	return (undef, undef, 0) if $x < 0.75;
+	return ('NULL', undef, 0) if $x < 0.78;
+	return ("'0'", 0, 0) if $x < 0.83;
+	return (pick("'-1 millisecond'", "'61 minutes'"), undef, 1) if $x < 0.84;
+	my $us = 1000 + int(rand(39_000));
+	return ("'$us microseconds'", $us, 0);
+}
+
 # A claim, complete, fail, extend, release, forget, lookup or reap from session $si on a view $v.
+# Options: avoid / prefer (sets of ids), no_reap; fn, id (this call on this key), valid (no
+# invalid argument), identity (a claim with the key's usual request), wait ([sql, µs]: a claim's).
 sub random_call
 {
 	my ($si, $v, %opt) = @_;
@@ -551,6 +599,7 @@ sub random_call
 	my $fn = $x < 0.36 ? 'claim' : $x < 0.50 ? 'complete' : $x < 0.60 ? 'fail' : $x < 0.67 ? 'extend'
 	  : $x < 0.72 ? 'release' : $x < 0.76 ? 'forget' : $x < 0.86 ? 'lookup' : 'reap';
 	$fn = 'lookup' if $fn eq 'reap' && $opt{no_reap};
+	$fn = $opt{fn} if $opt{fn};
 	my %op = (fn => $fn);
 	if ($fn eq 'reap')
 	{
@@ -563,7 +612,7 @@ sub random_call
 	}
 	my @choices = grep { !$opt{avoid}{$_} } @ids;
 	my @preferred = grep { !$opt{avoid}{$_} } keys %{ $opt{prefer} // {} };
-	my $id = $op{id} = @preferred && rand() < 0.4 ? pick(sort @preferred) : pick(@choices);
+	my $id = $op{id} = $opt{id} // (@preferred && rand() < 0.4 ? pick(sort @preferred) : pick(@choices));
 	my ($scope, $key) = split /\0/, $id, -1;
 	my $row = $v->{$id};
 	my $args_key = lit($key);
@@ -571,7 +620,7 @@ sub random_call
 	if ($fn eq 'claim')
 	{
 		my $ident = $identity{$id};
-		my $y = rand();
+		my $y = $opt{identity} ? 0 : rand();
 		if ($y < 0.88)
 		{
 			if (defined $ident->{req}) { $op{req} = pick(@{ $requests[ $ident->{req} ] }) }
@@ -583,22 +632,27 @@ sub random_call
 		my ($ttl_sql, $ttl, $ttl_bad) = interval_choice('ttl', $si);
 		my ($lease_sql, $lease, $lease_bad) = interval_choice('lease', $si);
 		@op{qw(ttl lease)} = ($ttl, $lease);
+		my ($wait_sql, $wait, $wait_bad) = $opt{wait} ? @{ $opt{wait} } : wait_choice();
+		$op{wait} = $wait;
 		my $fp_sql = defined $op{fp} ? "'\\x$op{fp}'::bytea" : 'NULL';
 		if (rand() < 0.02)    # an invalid fingerprint
 		{
 			$fp_sql = pick(q{'\x'::bytea}, "'\\x" . ('ab' x 65) . "'::bytea");
 			$op{bad} = 1;
 		}
-		$op{bad} = 1 if $ttl_bad || $lease_bad;
+		$op{bad} = 1 if $ttl_bad || $lease_bad || $wait_bad;
 		$op{may_fail} = 1;    # IK001, 22023
 		my @args = ($args_key);
 		push @args, 'request => ' . (defined $op{req} ? lit($op{req}) : 'NULL') if defined $op{req} || rand() < 0.3;
 		push @args, "ttl => $ttl_sql" if $ttl_sql ne 'NULL' || rand() < 0.3;
 		push @args, "lease => $lease_sql" if $lease_sql ne 'NULL' || rand() < 0.3;
 		push @args, "fingerprint => $fp_sql" if $fp_sql ne 'NULL' || rand() < 0.3;
+		push @args, "wait => $wait_sql" if defined $wait_sql;
 		my $args = join(', ', @args) . $args_scope;
-		$op{sql} = "SELECT concat_ws(chr(31), 'R', outcome, inserted::text, attempt, state, coalesce(response::text, '\\N'), "
-		  . "coalesce(response_code::text, '\\N'), coalesce(usi(retry_after)::text, '\\N'), us(expires_at), "
+		$op{sql} = "SELECT concat_ws(chr(31), 'R', outcome, inserted::text, coalesce(attempt::text, '\\N'), "
+		  . "coalesce(state::text, '\\N'), coalesce(response::text, '\\N'), "
+		  . "coalesce(response_code::text, '\\N'), coalesce(usi(retry_after)::text, '\\N'), "
+		  . "coalesce(us(expires_at)::text, '\\N'), "
 		  . "coalesce(retry_after_s::text, '\\N'), coalesce(encode(response_body, 'hex'), '\\N'), "
 		  . "coalesce(response_headers::text, '\\N')) "
 		  . "FROM idem_claim($args)";
@@ -674,6 +728,7 @@ sub random_call
 # Running and checking
 # ---------------------------------------------------------------------------------------------
 my $CLOCK = "SELECT 'T' || chr(31) || us(clock_timestamp());";
+my $last_clock = 0;      # the latest database clock reading seen
 my $DUMP = "SELECT 'D' || chr(31) || fmt(k) FROM idem_keys k;";
 
 # parses the output of a batch: T lines (t0, t1), the R line, D lines, the error
@@ -691,6 +746,7 @@ sub parse_output
 		else { $res{junk} .= "$line\n" }
 	}
 	@res{qw(t0 t1)} = @t;
+	$last_clock = $_ for grep { $_ > $last_clock } @t;
 	if ($err =~ /ERROR:\s+(\S{5})/) { $res{err} = $1 }
 	elsif ($err ne '') { $res{junk} .= $err }
 	return \%res;
@@ -826,11 +882,84 @@ sub end_tx
 	return;
 }
 
+# With no transaction open: a claim with a wait of a minute on a key held by a committed lease that
+# lasts well beyond the scenario, sent in the background; a few calls of the other sessions on
+# other keys (the claim must still be waiting); then one of them finishes, releases or forgets
+# the key, and the woken claim must answer from what that left.  False when no key qualifies.
+sub lease_waiter
+{
+	my @held = grep {
+		my $r = $committed{$_};
+		$r->{state} eq 'pending' && $r->{locked} > $last_clock + 30_000_000
+	} sort keys %committed;
+	return 0 unless @held;
+	my $id = pick(@held);
+	my $row = $committed{$id};
+	my $bi = int(rand(@sessions));
+	my $op;
+	for (1 .. 50)
+	{
+		$op = random_call($bi, \%committed, fn => 'claim', id => $id, identity => 1,
+			wait => [ "'1 minute'", 60_000_000, 0 ]);
+		last if !$op->{bad} && fingerprint_of($id, $op) eq $row->{fp};
+		$op = undef;
+	}
+	return 0 unless $op;
+	my $b = $sessions[$bi]{s};
+	$b->send("$CLOCK $op->{sql}; $CLOCK $DUMP");
+	$stats{'claim sent to wait on a live lease'}++;
+	my @others = grep { $_ != $bi } 0 .. $#sessions;
+	for (1 .. int(rand(4)))
+	{
+		my $si = pick(@others);
+		do_call($si, random_call($si, \%committed, avoid => { $id => 1 }, no_reap => 1));
+		return 1 if $failure;
+	}
+	if ($b->ready)
+	{
+		fail_with('a claim waiting on a live lease returned before anyone finished the key', $bi, $op, $b->{out},
+			$b->{err}, \%committed);
+		return 1;
+	}
+	my $ri = pick(@others);
+	my $resolve;
+	for (1 .. 1000)
+	{
+		$resolve = random_call($ri, \%committed, fn => pick('complete', 'fail', 'release', 'forget'), id => $id);
+		last if !$resolve->{bad} && (!defined $resolve->{attempt} || $resolve->{attempt} == $row->{attempt})
+		  && ($resolve->{fn} ne 'forget' || $resolve->{force});
+		$resolve = undef;
+	}
+	die 'no call to finish the key' unless $resolve;
+	# no dump of idem_keys after it: the woken claim may already have written
+	my ($ro, $re) = $sessions[$ri]{s}->run("$CLOCK $resolve->{sql}; $CLOCK");
+	my $resolved = parse_output($ro, $re);
+	my $before = copy_rows(\%committed);
+	$opno++;
+	my $msg = $resolved->{junk} ? "unexpected output: $resolved->{junk}" : check_call($resolve, \%committed, undef, $resolved);
+	return fail_with($msg, $ri, $resolve, $ro, $re, $before) || 1 if $msg;
+	# the claim decides after that call began: its clock lies after that call's t0
+	my ($o, $e) = $b->wait;
+	my $res = parse_output($o, $e);
+	$res->{t0} = $resolved->{t0} if defined $res->{t0} && $resolved->{t0} > $res->{t0};
+	$before = copy_rows(\%committed);
+	$opno++;
+	$msg = $res->{junk} ? "unexpected output: $res->{junk}" : check_call($op, \%committed, undef, $res);
+	return fail_with("(a claim woken by idem_$resolve->{fn} of its key) $msg", $bi, $op, $o, $e, $before) || 1 if $msg;
+	$msg = compare_views(\%committed, $res->{rows});
+	return fail_with("after a woken claim, idem_keys differs from the model: $msg", $bi, $op, $o, $e, $before) || 1
+	  if $msg;
+	$stats{"claim: a waiter woken by idem_$resolve->{fn}"}++;
+	$stats{'claim: a waiter woken by another session'}++;
+	return 1;
+}
+
 my $started = time;
 while ($opno < $nops && !$failure)
 {
 	if (!$tx)
 	{
+		next if rand() < 0.01 && lease_waiter();
 		my $si = int(rand(@sessions));
 		if (rand() < 0.06)
 		{
@@ -865,6 +994,13 @@ while ($opno < $nops && !$failure)
 	# (an invalid argument is an error before anything is read: no wait)
 	if ($op->{fn} ne 'lookup' && !$op->{bad} && $tx->{written}{ $op->{id} })
 	{
+		if ($op->{fn} eq 'claim' && defined $op->{wait})
+		{
+			# a bounded wait: it runs out while the transaction stays open
+			$op->{held} = 1;
+			do_call($si, $op);
+			next;
+		}
 		next if $async;    # at most one waiting call
 		# must wait for the transaction: send it and check it when the transaction has ended
 		$sessions[$si]{s}->send("$CLOCK $op->{sql}; $CLOCK $DUMP");
@@ -890,7 +1026,9 @@ if ($nops >= 10000 && !$failure)
 {
 	for my $what ('claim: inserted', 'claim: replay', 'claim: in_progress', 'claim: re-entrant',
 		'claim: takeover of a lapsed lease', 'claim: takeover of a retryable failure',
-		'claim: an expired key, claimed anew', 'complete: done', 'fail: done', 'extend: done',
+		'claim: an expired key, claimed anew', 'claim: wait ran out on a live lease',
+		'claim: waited for the lease to end, took over', 'claim: wait ran out on an uncommitted write',
+		'claim: a waiter woken by another session', 'complete: done', 'fail: done', 'extend: done',
 		'release: done', 'forget: deleted', 'forget: no key', 'lookup: row', 'lookup: NULL',
 		'lookup: NULL (expired)', 'reap: rows deleted',
 		'error IK001', 'error IK002', 'error IK003', 'error IK004', 'error IK005', 'error 22023',
