@@ -118,38 +118,49 @@ finish_1_2_args(FunctionCallInfo fcinfo, int first, FinishInput *in)
 	headers_arg(fcinfo, first + 2, in);
 }
 
-// idem_claim_result's descriptor and idem_outcome's labels, kept per call site.
+// idem_outcome's labels, looked up once per backend rather than per call site: every execution
+// of a prepared statement starts with a fresh call site, and the lookups (result type, tuple
+// descriptor, three labels) cost a claim more than its primary key probe. The type cache tells
+// when idem_claim_result changed (ALTER EXTENSION UPDATE, DROP and CREATE EXTENSION): a new
+// descriptor identifier, and the labels are looked up again.
 struct ClaimResultType
 {
-	TupleDesc desc;
+	Oid type;
+	uint64 identifier;
 	Oid outcome_label[(int) Outcome::count];
 };
+ClaimResultType claim_result = {InvalidOid, 0, {}};
 
-ClaimResultType *
-claim_result_type(FunctionCallInfo fcinfo)
+// idem_claim_result's descriptor from the type cache (valid until the next catalog invalidation
+// is processed: use it at once) and its labels in *labels.
+TupleDesc
+claim_result_desc(FunctionCallInfo fcinfo, const Oid **labels)
 {
-	if (fcinfo->flinfo->fn_extra != nullptr)
-		return (ClaimResultType *) fcinfo->flinfo->fn_extra;
-	TupleDesc desc;
-	if (get_call_result_type(fcinfo, nullptr, &desc) != TYPEFUNC_COMPOSITE)
+	Oid type = get_fn_expr_rettype(fcinfo->flinfo);
+	if (!OidIsValid(type))
+		type = get_func_rettype(fcinfo->flinfo->fn_oid);
+	TypeCacheEntry *entry = lookup_type_cache(type, TYPECACHE_TUPDESC);
+	if (entry->tupDesc == nullptr)
 		elog(ERROR, "idempotency: idem_claim must return a composite type");
-	MemoryContext old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
-	ClaimResultType *type = (ClaimResultType *) palloc(sizeof(ClaimResultType));
-	type->desc = BlessTupleDesc(CreateTupleDescCopy(desc));
-	MemoryContextSwitchTo(old);
-	static const char *const labels[] = {"claimed", "replay", "in_progress"};
-	Oid outcome_type = TupleDescAttr(type->desc, 0)->atttypid;
-	for (int i = 0; i < (int) Outcome::count; i++)
+	if (type != claim_result.type || entry->tupDesc_identifier != claim_result.identifier)
 	{
-		HeapTuple tuple = SearchSysCache2(ENUMTYPOIDNAME, ObjectIdGetDatum(outcome_type),
-		                                  CStringGetDatum(labels[i]));
-		if (!HeapTupleIsValid(tuple))
-			elog(ERROR, "idempotency: label \"%s\" of idem_outcome not found", labels[i]);
-		type->outcome_label[i] = ((Form_pg_enum) GETSTRUCT(tuple))->oid;
-		ReleaseSysCache(tuple);
+		static const char *const names[] = {"claimed", "replay", "in_progress"};
+		Oid outcome_type = TupleDescAttr(entry->tupDesc, 0)->atttypid;
+		claim_result.type = InvalidOid;
+		for (int i = 0; i < (int) Outcome::count; i++)
+		{
+			HeapTuple tuple = SearchSysCache2(ENUMTYPOIDNAME, ObjectIdGetDatum(outcome_type),
+			                                  CStringGetDatum(names[i]));
+			if (!HeapTupleIsValid(tuple))
+				elog(ERROR, "idempotency: label \"%s\" of idem_outcome not found", names[i]);
+			claim_result.outcome_label[i] = ((Form_pg_enum) GETSTRUCT(tuple))->oid;
+			ReleaseSysCache(tuple);
+		}
+		claim_result.type = type;
+		claim_result.identifier = entry->tupDesc_identifier;
 	}
-	fcinfo->flinfo->fn_extra = type;
-	return type;
+	*labels = claim_result.outcome_label;
+	return entry->tupDesc;
 }
 
 Datum
@@ -189,11 +200,12 @@ IDEM_SQL_FUNCTION(idem_claim)
 	ClaimOutput out;
 	claim(&in, &out);
 
-	ClaimResultType *type = claim_result_type(fcinfo);
+	const Oid *labels;
+	TupleDesc desc = claim_result_desc(fcinfo, &labels);
 	// 1.1's idem_claim_result has the first 8 attributes, 1.2's all 11.
 	Datum values[11];
 	bool isnull[11] = {false, false, false, false, false, false, false, false, false, false, false};
-	values[0] = ObjectIdGetDatum(type->outcome_label[(int) out.outcome]);
+	values[0] = ObjectIdGetDatum(labels[(int) out.outcome]);
 	values[1] = BoolGetDatum(out.inserted);
 	values[2] = Int32GetDatum(out.attempt);
 	isnull[2] = out.unseen;
@@ -213,9 +225,9 @@ IDEM_SQL_FUNCTION(idem_claim)
 	isnull[9] = out.response_body_null;
 	values[10] = out.response_headers;
 	isnull[10] = out.response_headers_null;
-	if (type->desc->natts != 8 && type->desc->natts != 11)
-		elog(ERROR, "idempotency: idem_claim_result has %d attributes", type->desc->natts);
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(type->desc, values, isnull)));
+	if (desc->natts != 8 && desc->natts != 11)
+		elog(ERROR, "idempotency: idem_claim_result has %d attributes", desc->natts);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(desc, values, isnull)));
 }
 
 // idem_complete(key, response, response_code, scope, attempt[, ttl, body, headers])

@@ -4,11 +4,16 @@
 
 namespace idem {
 
-static bytea *
-hash_text(text *scope, Jsonb *request)
+// jsonb's text form is canonical: key order, duplicates and white space are normalised.
+static char *
+canonical_text(Jsonb *request)
 {
-	// jsonb's text form is canonical: key order, duplicates and white space are normalised.
-	char *canonical = JsonbToCString(nullptr, &request->root, VARSIZE(request));
+	return JsonbToCString(nullptr, &request->root, VARSIZE(request));
+}
+
+static bytea *
+hash_text(text *scope, const char *canonical)
+{
 	static const char separator = '\0';
 
 	Sha256 hash;
@@ -20,7 +25,6 @@ hash_text(text *scope, Jsonb *request)
 	bytea *digest = (bytea *) palloc(VARHDRSZ + sha256_digest_bytes);
 	SET_VARSIZE(digest, VARHDRSZ + sha256_digest_bytes);
 	sha256_final(&hash, (uint8_t *) VARDATA(digest));
-	pfree(canonical);
 	return digest;
 }
 
@@ -31,31 +35,46 @@ trimmed(Numeric n)
 }
 
 static bool
-same_numeric_bytes(Numeric a, Numeric b)
-{
-	return VARSIZE(a) == VARSIZE(b) && memcmp(a, b, VARSIZE(a)) == 0;
-}
-
-static bool
 is_number(JsonbIteratorToken token, const JsonbValue *v)
 {
 	return (token == WJB_VALUE || token == WJB_ELEM) && v->type == jbvNumeric;
 }
 
-// Whether some number of the jsonb has trailing fraction zeros. Most requests have none, and
-// are hashed as they are.
+// Whether some number in the canonical text has trailing fraction zeros. numeric_out writes a
+// number's display scale in full and never an exponent, so a number differs from its trimmed form
+// exactly when its text has a fraction ending in '0'. Reading the text that is hashed anyway costs
+// a claim less than walking the jsonb and trimming every number.
 static bool
-has_untrimmed_number(Jsonb *request)
+has_untrimmed_number(const char *canonical)
 {
-	JsonbIterator *it = JsonbIteratorInit(&request->root);
-	JsonbValue v;
-	JsonbIteratorToken token;
-	while ((token = JsonbIteratorNext(&it, &v, false)) != WJB_DONE)
+	bool in_string = false;
+	bool in_fraction = false;
+	char last = '\0';
+	for (const char *p = canonical;; p++)
 	{
-		if (is_number(token, &v) && !same_numeric_bytes(v.val.numeric, trimmed(v.val.numeric)))
-			return true;
+		char ch = *p;
+		if (in_string)
+		{
+			if (ch == '\\')
+				p++; // escape_json escapes one character at a time: skip it
+			else if (ch == '"')
+				in_string = false;
+			continue;
+		}
+		if (in_fraction && (ch < '0' || ch > '9'))
+		{
+			if (last == '0')
+				return true;
+			in_fraction = false;
+		}
+		if (ch == '\0')
+			return false;
+		if (ch == '"')
+			in_string = true;
+		else if (ch == '.')
+			in_fraction = true;
+		last = ch;
 	}
-	return false;
 }
 
 // The jsonb with every number trimmed of trailing fraction zeros.
@@ -83,15 +102,24 @@ with_trimmed_numbers(Jsonb *request)
 bytea *
 request_fingerprint(text *scope, Jsonb *request)
 {
-	if (!has_untrimmed_number(request))
-		return hash_text(scope, request);
-	return hash_text(scope, with_trimmed_numbers(request));
+	char *canonical = canonical_text(request);
+	if (has_untrimmed_number(canonical))
+	{
+		pfree(canonical);
+		canonical = canonical_text(with_trimmed_numbers(request));
+	}
+	bytea *digest = hash_text(scope, canonical);
+	pfree(canonical);
+	return digest;
 }
 
 bytea *
 request_fingerprint_1_1(text *scope, Jsonb *request)
 {
-	return hash_text(scope, request);
+	char *canonical = canonical_text(request);
+	bytea *digest = hash_text(scope, canonical);
+	pfree(canonical);
+	return digest;
 }
 
 } // namespace idem

@@ -20,6 +20,7 @@ extern "C" {
 #include "catalog/pg_enum.h"
 #include "catalog/pg_extension.h"
 #include "catalog/pg_type.h"
+#include "common/int.h"
 #include "executor/executor.h"
 #include "executor/tuptable.h"
 #include "fmgr.h"
@@ -45,4 +46,5 @@ extern "C" {
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
+#include "utils/typcache.h"
 }
