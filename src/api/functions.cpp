@@ -118,11 +118,27 @@ finish_1_2_args(FunctionCallInfo fcinfo, int first, FinishInput *in)
 	headers_arg(fcinfo, first + 2, in);
 }
 
-// idem_outcome's labels, looked up once per backend rather than per call site: every execution
-// of a prepared statement starts with a fresh call site, and the lookups (result type, tuple
-// descriptor, three labels) cost a claim more than its primary key probe. The type cache tells
-// when idem_claim_result changed (ALTER EXTENSION UPDATE, DROP and CREATE EXTENSION): a new
-// descriptor identifier, and the labels are looked up again.
+// idem_outcome's labels' OIDs, in Outcome's order.
+void
+outcome_labels(Oid outcome_type, Oid *label)
+{
+	static const char *const labels[] = {"claimed", "replay", "in_progress"};
+	for (int i = 0; i < (int) Outcome::count; i++)
+	{
+		HeapTuple tuple = SearchSysCache2(ENUMTYPOIDNAME, ObjectIdGetDatum(outcome_type),
+		                                  CStringGetDatum(labels[i]));
+		if (!HeapTupleIsValid(tuple))
+			elog(ERROR, "idempotency: label \"%s\" of idem_outcome not found", labels[i]);
+		label[i] = ((Form_pg_enum) GETSTRUCT(tuple))->oid;
+		ReleaseSysCache(tuple);
+	}
+}
+
+// idem_claim_result's type and idem_outcome's labels, looked up once per backend rather than per
+// call site: every execution of a prepared statement starts with a fresh call site, and the
+// lookups (result type, tuple descriptor, three labels) cost a claim more than its primary key
+// probe. The type cache tells when idem_claim_result changed (ALTER EXTENSION UPDATE, DROP and
+// CREATE EXTENSION): a new descriptor identifier, and the labels are looked up again.
 struct ClaimResultType
 {
 	Oid type;
@@ -144,18 +160,8 @@ claim_result_desc(FunctionCallInfo fcinfo, const Oid **labels)
 		elog(ERROR, "idempotency: idem_claim must return a composite type");
 	if (type != claim_result.type || entry->tupDesc_identifier != claim_result.identifier)
 	{
-		static const char *const names[] = {"claimed", "replay", "in_progress"};
-		Oid outcome_type = TupleDescAttr(entry->tupDesc, 0)->atttypid;
 		claim_result.type = InvalidOid;
-		for (int i = 0; i < (int) Outcome::count; i++)
-		{
-			HeapTuple tuple = SearchSysCache2(ENUMTYPOIDNAME, ObjectIdGetDatum(outcome_type),
-			                                  CStringGetDatum(names[i]));
-			if (!HeapTupleIsValid(tuple))
-				elog(ERROR, "idempotency: label \"%s\" of idem_outcome not found", names[i]);
-			claim_result.outcome_label[i] = ((Form_pg_enum) GETSTRUCT(tuple))->oid;
-			ReleaseSysCache(tuple);
-		}
+		outcome_labels(TupleDescAttr(entry->tupDesc, 0)->atttypid, claim_result.outcome_label);
 		claim_result.type = type;
 		claim_result.identifier = entry->tupDesc_identifier;
 	}
