@@ -6,10 +6,11 @@
  *   node dist/bench/bench.js [--seconds 5] [--rounds 3] [--concurrency 16]
  * Connection from the PG* environment variables; the database needs the extension.
  */
-import express from 'express';
+import express, { type NextFunction, type Request, type Response } from 'express';
+import type { EventEmitter } from 'node:events';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { Client, Pool } from 'pg';
+import { Client, Pool, type ClientConfig } from 'pg';
 import { IdempotencyStore } from '../src';
 import { idempotent } from '../src/express';
 
@@ -21,17 +22,29 @@ const seconds = arg('seconds', 5);
 const rounds = arg('rounds', 3);
 const concurrency = arg('concurrency', 16);
 
-/** Counts the statements sent to the server: each is one round trip with pg. */
-let statements = 0;
+/** Counts the exchanges with the server (round trips): each one ends with a ReadyForQuery. */
+let exchanges = 0;
 class CountingClient extends Client {
-  override query(...args: unknown[]): never {
-    statements++;
-    return (super.query as (...a: unknown[]) => never)(...args);
+  constructor(config?: string | ClientConfig) {
+    super(config);
+    (this as unknown as { connection: EventEmitter }).connection.on('readyForQuery', () => {
+      exchanges++;
+    });
   }
 }
+/** Exchanges finished when the last response was handed to Node. */
+let exchangesAtAnswer = 0;
 
 function middlewareApp(store: IdempotencyStore, mode: 'transaction' | 'lease') {
   const app = express();
+  app.use((_req: Request, res: Response, next: NextFunction) => {
+    const end = res.end;
+    res.end = function (this: Response, ...args: unknown[]) {
+      exchangesAtAnswer = exchanges;
+      return (end as (...a: unknown[]) => Response).apply(this, args);
+    } as Response['end'];
+    next();
+  });
   app.use(express.json());
   app.post('/orders', idempotent(store, { required: true, mode }), async (req, res) => {
     const ctx = req.idempotency!;
@@ -152,17 +165,17 @@ async function main() {
       `hand-written ${h.rps.toFixed(0)} req/s ${h.cpuUs.toFixed(0)} us CPU/req`);
   }
 
-  const replayStatements = async (port: number, what: string) => {
+  const replayExchanges = async (port: number, what: string) => {
     const key = `bench-replay-${what}-${process.pid}`;
     await request(port, key);
     await new Promise((r) => setTimeout(r, 100)); // let a background ROLLBACK finish
-    const before = statements;
+    const before = exchanges;
     const status = await request(port, key);
     await new Promise((r) => setTimeout(r, 100));
-    return { status, count: statements - before };
+    return { status, beforeAnswer: exchangesAtAnswer - before, total: exchanges - before };
   };
-  const txReplay = await replayStatements(withMiddleware.port, 'tx');
-  const leaseReplay = await replayStatements(lease.port, 'lease');
+  const txReplay = await replayExchanges(withMiddleware.port, 'tx');
+  const leaseReplay = await replayExchanges(lease.port, 'lease');
 
   console.log(`extension ${version}, ${concurrency} concurrent clients, ${rounds} rounds of ${seconds} s, medians:`);
   console.log(`  middleware (same-transaction)  ${median(a).toFixed(0)} req/s`);
@@ -170,8 +183,9 @@ async function main() {
   console.log(`  ratio middleware / hand-written ${(median(a) / median(b)).toFixed(3)}`);
   console.log(`  Node CPU per request: middleware ${median(aCpu).toFixed(0)} us, hand-written ${median(bCpu).toFixed(0)} us, ` +
     `ratio ${(median(aCpu) / median(bCpu)).toFixed(3)}`);
-  console.log(`  replay, same-transaction mode: ${txReplay.count} statements (BEGIN, claim; ROLLBACK after the answer), status ${txReplay.status}`);
-  console.log(`  replay, lease mode: ${leaseReplay.count} statement (the claim), status ${leaseReplay.status}`);
+  for (const [what, r] of [['same-transaction mode', txReplay], ['lease mode', leaseReplay]] as const) {
+    console.log(`  replay, ${what}: ${r.beforeAnswer} round trip(s) before the answer, ${r.total} in all, status ${r.status}`);
+  }
   for (const s of [withMiddleware, byHand, lease]) s.server.close();
   agent.destroy();
   await pool.end();

@@ -71,7 +71,11 @@ function capture(res: Response, finish: (r: HttpResponse) => Promise<HttpRespons
     Object.assign(res, original);
     const captured: HttpResponse = { status: res.statusCode, headers: toHeaderRecord(res.getHeaders()), body: Buffer.concat(chunks) };
     finish(captured).then(
-      (response) => send(res, response),
+      (response) => {
+        // the handler's own response: its status and headers are still on res
+        if (response === captured) res.end(captured.body);
+        else send(res, response);
+      },
       (err) => {
         res.destroy(err as Error);
       },

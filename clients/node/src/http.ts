@@ -112,8 +112,7 @@ export class HttpIdempotency {
     if (raw === undefined) {
       return o.required ? respond(problem(400, 'the Idempotency-Key header is required')) : { kind: 'pass' };
     }
-    const repeated = input.rawHeaders.filter((name, i) => i % 2 === 0 && name.toLowerCase() === headerName).length > 1;
-    const key = Array.isArray(raw) || repeated ? undefined : raw;
+    const key = Array.isArray(raw) || isRepeated(input.rawHeaders, headerName) ? undefined : raw;
     const keyProblem = checkKey(key, o.maxKeyLength ?? 255);
     if (keyProblem) return respond(problem(400, keyProblem));
     let request: unknown;
@@ -138,8 +137,7 @@ export class HttpIdempotency {
       const client = await this.store.pool.connect();
       let claim: ClaimResult;
       try {
-        await client.query(this.options.isolationLevel ? `BEGIN ISOLATION LEVEL ${this.options.isolationLevel}` : 'BEGIN');
-        claim = await this.store.claim(client, claimOptions);
+        claim = await this.store.beginAndClaim(client, claimOptions, this.options.isolationLevel);
       } catch (err) {
         await endTransaction(client, 'ROLLBACK');
         if (isSerializationFailure(err) && retry < maxRetries) continue;
@@ -170,7 +168,7 @@ export class HttpIdempotency {
           return response;
         }
         try {
-          await this.store[outcome === 'succeeded' ? 'complete' : 'fail'](client, {
+          await this.store.record(client, outcome === 'succeeded' ? 'complete' : 'fail', {
             ...(await this.stored(claimOptions, response)),
             attempt,
             retryable: false,
@@ -219,8 +217,8 @@ export class HttpIdempotency {
           const outcome = (this.options.outcomeForStatus ?? defaultOutcomeForStatus)(response.status);
           try {
             const stored = { ...(await this.stored(claimOptions, response)), attempt };
-            if (outcome === 'succeeded') await this.store.complete(this.store.pool, stored);
-            else await this.store.fail(this.store.pool, { ...stored, retryable: outcome === 'retry' });
+            if (outcome === 'succeeded') await this.store.record(this.store.pool, 'complete', stored);
+            else await this.store.record(this.store.pool, 'fail', { ...stored, retryable: outcome === 'retry' });
             return response;
           } catch (err) {
             return this.errorResponse(err);
@@ -230,7 +228,7 @@ export class HttpIdempotency {
           if (!open) return;
           open = false;
           heartbeat.stop();
-          await this.store.fail(this.store.pool, { ...base, retryable: true }).catch((err) => this.options.onError?.(err));
+          await this.store.record(this.store.pool, 'fail', { ...base, retryable: true }).catch((err) => this.options.onError?.(err));
         },
       },
     };
@@ -308,6 +306,16 @@ export function checkKey(key: string | undefined, maxLength: number): string | u
   if (key.length < 1 || key.length > maxLength) return `the Idempotency-Key header must be 1 to ${maxLength} characters long`;
   if (!/^[\x20-\x7e]+$/.test(key)) return 'the Idempotency-Key header must contain only printable ASCII characters';
   return undefined;
+}
+
+/** Is the header given more than once? (Node joins a repeated header into one value.) */
+function isRepeated(rawHeaders: string[], lowerCaseName: string): boolean {
+  let seen = 0;
+  for (let i = 0; i < rawHeaders.length; i += 2) {
+    const name = rawHeaders[i];
+    if (name.length === lowerCaseName.length && name.toLowerCase() === lowerCaseName && ++seen > 1) return true;
+  }
+  return false;
 }
 
 class BadBody extends Error {}

@@ -68,10 +68,9 @@ async function runTransactionOnce<T extends HandlerResult>(
   const client = await store.pool.connect();
   let broken: Error | undefined;
   try {
-    await client.query(options.isolationLevel ? `BEGIN ISOLATION LEVEL ${options.isolationLevel}` : 'BEGIN');
     let claim: ClaimResult;
     try {
-      claim = await store.claim(client, options);
+      claim = await store.beginAndClaim(client, options, options.isolationLevel);
     } catch (err) {
       await client.query('ROLLBACK');
       throw err;
@@ -83,7 +82,7 @@ async function runTransactionOnce<T extends HandlerResult>(
     let result: T;
     try {
       result = await handler(client, claim);
-      await store.complete(client, { ...options, ...result, attempt: claim.attempt ?? undefined });
+      await store.record(client, 'complete', { ...options, ...result, attempt: claim.attempt ?? undefined });
       await client.query('COMMIT');
     } catch (err) {
       await client.query('ROLLBACK').catch((rollbackError: Error) => {
@@ -103,7 +102,7 @@ async function recordTerminalFailure(store: IdempotencyStore, options: Transacti
   if (record.retryable) return; // the rollback removed the key: the next claim starts afresh
   const claim = await store.claim(store.pool, options);
   if (claim.outcome !== 'claimed') return; // someone else owns or finished it meanwhile
-  await store.fail(store.pool, {
+  await store.record(store.pool, 'fail', {
     key: options.key,
     scope: options.scope,
     attempt: claim.attempt ?? undefined,
@@ -156,14 +155,14 @@ export async function runWithLease<T extends HandlerResult>(
     heartbeat.stop();
     const record = (options.onFailure ?? retryEveryFailure)(err);
     await store
-      .fail(db, { key: options.key, scope: options.scope, attempt, ...record })
+      .record(db, 'fail', { key: options.key, scope: options.scope, attempt, ...record })
       .catch((failError) => {
         if (!(failError instanceof StaleAttemptError)) throw failError;
       });
     throw err;
   }
   heartbeat.stop();
-  await store.complete(db, { key: options.key, scope: options.scope, attempt, ...result });
+  await store.record(db, 'complete', { key: options.key, scope: options.scope, attempt, ...result });
   return { outcome: 'executed', result, attempt };
 }
 

@@ -1,4 +1,4 @@
-import type { Pool, PoolClient, QueryResultRow } from 'pg';
+import { Result, type Connection, type Pool, type PoolClient, type QueryResultRow, type Submittable } from 'pg';
 import {
   IdempotencyError,
   OpenTransactionError,
@@ -99,6 +99,51 @@ interface Installed {
   /** Quoted schema of the extension: calls never depend on search_path. */
   schema: string;
   hasV12: boolean;
+  /** Statement texts, built once per store from the version and the schema. */
+  sql: Statements;
+}
+
+interface Statements {
+  claim: string;
+  complete: string;
+  fail: string;
+  recordComplete: string;
+  recordFail: string;
+  extend: string;
+  release: string;
+  lookup: string;
+}
+
+/** The texts of every statement the store sends, for one installed version and schema. */
+function statements(schema: string, hasV12: boolean): Statements {
+  const claimColumns = hasV12
+    ? `c.response_body, c.response_headers, c.retry_after_s`
+    : `NULL::bytea AS response_body, NULL::jsonb AS response_headers, NULL::integer AS retry_after_s`;
+  const claimArguments =
+    `$1, request => $2::jsonb, scope => $3, ttl => $4::interval, lease => $5::interval, fingerprint => $6::bytea` +
+    (hasV12 ? `, wait => $7::interval` : '');
+  const finishArguments = (fn: 'complete' | 'fail') => {
+    let args = `$1, $2::jsonb, $3, scope => $4, attempt => $5`;
+    let n = 5;
+    if (fn === 'fail') args += `, retryable => $${++n}`;
+    if (hasV12) args += `, ttl => $${++n}::interval, body => $${++n}::bytea, headers => $${++n}::jsonb`;
+    return args;
+  };
+  return {
+    claim:
+      `SELECT c.outcome::text AS outcome, c.inserted, c.attempt, c.state::text AS state, c.response,
+              c.response_code, ${claimColumns},
+              (extract(epoch FROM c.retry_after) * 1000)::float8 AS retry_after_ms, c.expires_at
+         FROM ${schema}.idem_claim(${claimArguments}) AS c`,
+    complete: `SELECT * FROM ${schema}.idem_complete(${finishArguments('complete')})`,
+    fail: `SELECT * FROM ${schema}.idem_fail(${finishArguments('fail')})`,
+    // the runners and the middleware do not use the finished row: no columns to send and parse
+    recordComplete: `SELECT FROM ${schema}.idem_complete(${finishArguments('complete')})`,
+    recordFail: `SELECT FROM ${schema}.idem_fail(${finishArguments('fail')})`,
+    extend: `SELECT * FROM ${schema}.idem_extend($1, attempt => $2, lease => $3::interval, scope => $4)`,
+    release: `SELECT * FROM ${schema}.idem_release($1, attempt => $2, scope => $3)`,
+    lookup: `SELECT * FROM ${schema}.idem_lookup($1, scope => $2)`,
+  };
 }
 
 const V12 = '1.2';
@@ -110,6 +155,8 @@ const V12 = '1.2';
 export class IdempotencyStore {
   readonly pool: Pool;
   private installed: Promise<Installed> | undefined;
+  /** The same, once known: later calls skip the promise. */
+  private known: Installed | undefined;
   private readonly prefix: string;
 
   constructor(pool: Pool, options: StoreOptions = {}) {
@@ -128,7 +175,41 @@ export class IdempotencyStore {
   }
 
   async claim(db: Queryable, options: ClaimOptions): Promise<ClaimResult> {
-    const ext = await this.extension();
+    const ext = this.known ?? (await this.extension());
+    const row = await this.one(db, 'claim', ext.sql.claim, this.claimParams(ext, options));
+    return claimResult(row);
+  }
+
+  /**
+   * Same-transaction mode's start: `BEGIN` (with `isolationLevel`) and the claim in one exchange
+   * with the server, so that a replay or a 409 is known after one round trip. The claim's
+   * parameters are bound as usual (never spliced into the statement text, so neither the server
+   * log nor the parser ever sees them). `client` must not be in a transaction; after an error
+   * the transaction is open and aborted: roll it back.
+   */
+  async beginAndClaim(client: PoolClient, options: ClaimOptions, isolationLevel?: string): Promise<ClaimResult> {
+    const ext = this.known ?? (await this.extension());
+    const params = this.claimParams(ext, options);
+    const begin = isolationLevel ? `BEGIN ISOLATION LEVEL ${isolationLevel}` : 'BEGIN';
+    if ((client as { pipeline?: boolean }).pipeline) {
+      // a pipelining client refuses custom query objects, and sends both at once anyway
+      const started = client.query(begin);
+      const claimed = this.one(client, 'claim', ext.sql.claim, params);
+      await started.catch(() => undefined); // the claim reports the same failure
+      return claimResult(await claimed);
+    }
+    const name = `${this.prefix}_claim_${params.length}`;
+    try {
+      const row = await new Promise<QueryResultRow>((resolve, reject) => {
+        client.query(new BeginAndQuery(begin, name, ext.sql.claim, params, (err, result) => (err ? reject(err) : resolve(result as QueryResultRow))));
+      });
+      return claimResult(row);
+    } catch (err) {
+      throw translateError(err);
+    }
+  }
+
+  private claimParams(ext: Installed, options: ClaimOptions): unknown[] {
     if (options.wait !== undefined) this.require(ext, 'the claim option "wait"');
     const params: unknown[] = [
       options.key,
@@ -138,59 +219,31 @@ export class IdempotencyStore {
       intervalParam(options.lease),
       options.fingerprint ?? null,
     ];
-    let text: string;
-    if (ext.hasV12) {
-      params.push(intervalParam(options.wait));
-      text =
-        `SELECT c.outcome::text AS outcome, c.inserted, c.attempt, c.state::text AS state, c.response,
-                c.response_code, c.response_body, c.response_headers, c.retry_after_s,
-                (extract(epoch FROM c.retry_after) * 1000)::float8 AS retry_after_ms, c.expires_at
-           FROM ${ext.schema}.idem_claim($1, request => $2::jsonb, scope => $3, ttl => $4::interval,
-                lease => $5::interval, fingerprint => $6::bytea, wait => $7::interval) AS c`;
-    } else {
-      text =
-        `SELECT c.outcome::text AS outcome, c.inserted, c.attempt, c.state::text AS state, c.response,
-                c.response_code, NULL::bytea AS response_body, NULL::jsonb AS response_headers,
-                NULL::integer AS retry_after_s,
-                (extract(epoch FROM c.retry_after) * 1000)::float8 AS retry_after_ms, c.expires_at
-           FROM ${ext.schema}.idem_claim($1, request => $2::jsonb, scope => $3, ttl => $4::interval,
-                lease => $5::interval, fingerprint => $6::bytea) AS c`;
-    }
-    const row = await this.one(db, 'claim', text, params);
-    const retryAfterMs = row.retry_after_ms as number | null;
-    return {
-      outcome: row.outcome as ClaimOutcome,
-      inserted: row.inserted as boolean,
-      attempt: row.attempt as number | null,
-      state: row.state as KeyState | null,
-      response: row.response,
-      responseCode: row.response_code as number | null,
-      responseBody: row.response_body as Buffer | null,
-      responseHeaders: row.response_headers as Record<string, string | string[]> | null,
-      retryAfterMs,
-      retryAfterSeconds:
-        (row.retry_after_s as number | null) ??
-        (retryAfterMs === null ? null : Math.max(1, Math.ceil(retryAfterMs / 1000))),
-      expiresAt: row.expires_at as Date | null,
-    };
+    if (ext.hasV12) params.push(intervalParam(options.wait));
+    return params;
   }
 
   async complete(db: Queryable, options: FinishOptions): Promise<KeyRow> {
-    return this.finish(db, 'complete', options);
+    return keyRow(await this.finish(db, 'complete', options, true));
   }
 
   async fail(db: Queryable, options: FailOptions): Promise<KeyRow> {
-    return this.finish(db, 'fail', options);
+    return keyRow(await this.finish(db, 'fail', options, true));
+  }
+
+  /** `complete` or `fail` without reading the finished row back (what the runners need). */
+  async record(db: Queryable, outcome: 'complete' | 'fail', options: FailOptions): Promise<void> {
+    await this.finish(db, outcome, options, false);
   }
 
   /** 1.2: heartbeat of the owner (`locked_until = now + lease`). */
   async extend(db: Queryable, options: LeaseOptions & { lease: Duration }): Promise<KeyRow> {
-    const ext = await this.extension();
+    const ext = this.known ?? (await this.extension());
     this.require(ext, 'idem_extend (lease heartbeat)');
     const row = await this.one(
       db,
       'extend',
-      `SELECT * FROM ${ext.schema}.idem_extend($1, attempt => $2, lease => $3::interval, scope => $4)`,
+      ext.sql.extend,
       [options.key, options.attempt, intervalParam(options.lease), options.scope ?? ''],
     );
     return keyRow(row);
@@ -198,12 +251,12 @@ export class IdempotencyStore {
 
   /** 1.2: the owner gives the key up without a result; the next claim takes it over at once. */
   async release(db: Queryable, options: LeaseOptions): Promise<KeyRow> {
-    const ext = await this.extension();
+    const ext = this.known ?? (await this.extension());
     this.require(ext, 'idem_release');
     const row = await this.one(
       db,
       'release',
-      `SELECT * FROM ${ext.schema}.idem_release($1, attempt => $2, scope => $3)`,
+      ext.sql.release,
       [options.key, options.attempt, options.scope ?? ''],
     );
     return keyRow(row);
@@ -211,8 +264,8 @@ export class IdempotencyStore {
 
   /** The committed row, or null (idem_lookup's row of NULLs becomes null). */
   async lookup(db: Queryable, options: { key: string; scope?: string }): Promise<KeyRow | null> {
-    const ext = await this.extension();
-    const row = await this.one(db, 'lookup', `SELECT * FROM ${ext.schema}.idem_lookup($1, scope => $2)`, [
+    const ext = this.known ?? (await this.extension());
+    const row = await this.one(db, 'lookup', ext.sql.lookup, [
       options.key,
       options.scope ?? '',
     ]);
@@ -234,8 +287,8 @@ export class IdempotencyStore {
     }
   }
 
-  private async finish(db: Queryable, fn: 'complete' | 'fail', options: FailOptions): Promise<KeyRow> {
-    const ext = await this.extension();
+  private async finish(db: Queryable, fn: 'complete' | 'fail', options: FailOptions, readRow: boolean): Promise<QueryResultRow> {
+    const ext = this.known ?? (await this.extension());
     const v12Only = options.ttl !== undefined || options.body !== undefined || options.headers !== undefined;
     if (v12Only && !ext.hasV12) this.require(ext, `idem_${fn} with ttl, body or headers`);
     const params: unknown[] = [
@@ -245,27 +298,16 @@ export class IdempotencyStore {
       options.scope ?? '',
       options.attempt ?? null,
     ];
-    let extra = '';
-    if (fn === 'fail') {
-      params.push(options.retryable ?? true);
-      extra += `, retryable => $${params.length}`;
-    }
+    if (fn === 'fail') params.push(options.retryable ?? true);
     if (ext.hasV12) {
       params.push(
         intervalParam(options.ttl),
-        options.body === undefined ? null : Buffer.from(options.body),
+        options.body === undefined ? null : typeof options.body === 'string' ? Buffer.from(options.body) : options.body,
         options.headers === undefined ? null : jsonParam(options.headers),
       );
-      const n = params.length;
-      extra += `, ttl => $${n - 2}::interval, body => $${n - 1}::bytea, headers => $${n}::jsonb`;
     }
-    const row = await this.one(
-      db,
-      fn,
-      `SELECT * FROM ${ext.schema}.idem_${fn}($1, $2::jsonb, $3, scope => $4, attempt => $5${extra})`,
-      params,
-    );
-    return keyRow(row);
+    const what = readRow ? fn : fn === 'complete' ? 'recordComplete' : 'recordFail';
+    return this.one(db, what, ext.sql[what], params);
   }
 
   private require(ext: Installed, feature: string): void {
@@ -285,11 +327,14 @@ export class IdempotencyStore {
           if (!row) {
             throw new IdempotencyError('the idempotency extension is not installed in this database', 500);
           }
-          return {
+          const hasV12 = compareVersions(row.extversion as string, V12) >= 0;
+          this.known = {
             version: row.extversion as string,
             schema: row.schema as string,
-            hasV12: compareVersions(row.extversion as string, V12) >= 0,
+            hasV12,
+            sql: statements(row.schema as string, hasV12),
           };
+          return this.known;
         });
       // a failed look-up (database down) is tried again on the next call
       this.installed.catch(() => {
@@ -345,4 +390,138 @@ function keyRow(row: QueryResultRow): KeyRow {
     completedAt: row.completed_at,
     expiresAt: row.expires_at,
   };
+}
+
+function claimResult(row: QueryResultRow): ClaimResult {
+  const retryAfterMs = row.retry_after_ms as number | null;
+  return {
+    outcome: row.outcome as ClaimOutcome,
+    inserted: row.inserted as boolean,
+    attempt: row.attempt as number | null,
+    state: row.state as KeyState | null,
+    response: row.response,
+    responseCode: row.response_code as number | null,
+    responseBody: row.response_body as Buffer | null,
+    responseHeaders: row.response_headers as Record<string, string | string[]> | null,
+    retryAfterMs,
+    retryAfterSeconds:
+      (row.retry_after_s as number | null) ??
+      (retryAfterMs === null ? null : Math.max(1, Math.ceil(retryAfterMs / 1000))),
+    expiresAt: row.expires_at as Date | null,
+  };
+}
+
+/** What pg's connection offers a query object (pg-cursor uses the same). */
+interface WireConnection {
+  parse(config: { text: string; name?: string }): void;
+  bind(config: { statement?: string; values?: unknown[]; binary?: boolean }): void;
+  describe(config: { type: 'P' | 'S'; name?: string }): void;
+  execute(config: { portal?: string; rows?: number }): void;
+  sync(): void;
+  stream: { cork?: () => void; uncork?: () => void };
+  parsedStatements: Record<string, string>;
+  submittedNamedStatements: Record<string, string>;
+}
+
+/**
+ * A pg query object that sends a transaction's first command (BEGIN) and a prepared statement
+ * in the extended protocol, before one Sync: one exchange, and the statement's one row back.
+ * The statement is prepared once per connection under `statementName`, as pg does for named
+ * queries.
+ */
+class BeginAndQuery implements Submittable {
+  /** pg gives a query's `_result` the client's type parsers. */
+  readonly _result = new Result('', undefined as never);
+  /**
+   * pg records a statement as prepared when a ParseComplete arrives for the active query's
+   * `name`; it is set only once BEGIN's own ParseComplete has gone by.
+   */
+  name: string | undefined;
+  binary = false;
+  private parseSent = false;
+  private beginDone = false;
+  private connection: WireConnection | undefined;
+  private row: QueryResultRow | undefined;
+  private parseError: unknown;
+
+  constructor(
+    private readonly begin: string,
+    private readonly statementName: string,
+    private readonly text: string,
+    private readonly values: unknown[],
+    public callback: (err: unknown, row?: QueryResultRow) => void,
+  ) {}
+
+  /** pg calls this when the query's turn comes; an Error returned is reported through handleError. */
+  submit(connection: Connection): Error | undefined {
+    const con = connection as unknown as WireConnection;
+    this.connection = con;
+    const known = con.parsedStatements[this.statementName] ?? con.submittedNamedStatements[this.statementName];
+    if (known !== undefined && known !== this.text) {
+      return new Error(`prepared statement "${this.statementName}" was used for another text`);
+    }
+    this.parseSent = known === undefined;
+    con.stream.cork?.();
+    try {
+      con.parse({ text: this.begin });
+      con.bind({});
+      con.execute({});
+      if (this.parseSent) {
+        con.parse({ text: this.text, name: this.statementName });
+        con.submittedNamedStatements[this.statementName] = this.text;
+      }
+      con.bind({ statement: this.statementName, values: this.values.map(wireValue), binary: this.binary });
+      con.describe({ type: 'P' });
+      con.execute({});
+      con.sync();
+    } finally {
+      con.stream.uncork?.();
+    }
+    return undefined;
+  }
+
+  handleRowDescription(msg: { fields: unknown[] }): void {
+    (this._result as unknown as { addFields(f: unknown[]): void }).addFields(msg.fields);
+  }
+
+  handleDataRow(msg: { fields: unknown[] }): void {
+    try {
+      this.row = (this._result as unknown as { parseRow(f: unknown[]): QueryResultRow }).parseRow(msg.fields);
+    } catch (err) {
+      this.parseError = err;
+    }
+  }
+
+  handleCommandComplete(): void {
+    if (this.beginDone) return;
+    this.beginDone = true;
+    if (this.parseSent) this.name = this.statementName;
+  }
+
+  handleEmptyQuery(): void {}
+
+  handlePortalSuspended(): void {}
+
+  handleCopyInResponse(): void {}
+
+  handleCopyData(): void {}
+
+  handleError(err: unknown): void {
+    // BEGIN failed before the statement's Parse was looked at: it is not prepared
+    if (this.parseSent && !this.beginDone) delete this.connection?.submittedNamedStatements[this.statementName];
+    this.callback(err);
+  }
+
+  handleReadyForQuery(): void {
+    if (this.parseError !== undefined) this.callback(this.parseError);
+    else if (this.row === undefined) this.callback(new Error('the statement returned no row'));
+    else this.callback(null, this.row);
+  }
+}
+
+/** A parameter as the wire takes it: text, bytes or NULL. */
+function wireValue(value: unknown): string | Buffer | null {
+  if (value === null || value === undefined) return null;
+  if (Buffer.isBuffer(value)) return value;
+  return String(value);
 }

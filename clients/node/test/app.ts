@@ -13,6 +13,8 @@ import { sleep } from './helpers';
 export interface AppOptions {
   leaseMs?: number;
   heartbeatMs?: number | false;
+  /** Mount the routes whose duplicates wait for the owner (the claim option `wait`, 1.2). */
+  waitRoutes?: boolean;
 }
 
 class HttpError extends Error {
@@ -73,6 +75,21 @@ export function buildApp(store: IdempotencyStore, options: AppOptions = {}) {
       res.status(201).json({ attempt: ctx.attempt, aborted: ctx.signal.aborted, token: randomUUID() });
     },
   );
+
+  // 1.2: a duplicate waits (up to 15 s) for the owner's result instead of answering 409
+  if (options.waitRoutes) {
+    app.post(
+      '/payments-wait',
+      idempotent(store, { mode: 'lease', required: true, lease: 30_000, heartbeatMs: false, wait: 15_000 }),
+      async (req, res) => {
+        const ctx = req.idempotency!;
+        await store.pool.query('INSERT INTO effects (idem_key, attempt) VALUES ($1, $2)', [ctx.key, ctx.attempt]);
+        await work(req);
+        res.status(201).json({ attempt: ctx.attempt, token: randomUUID() });
+      },
+    );
+    app.post('/orders-wait', idempotent(store, { required: true, replayHeaders, wait: 15_000 }), createOrder);
+  }
 
   app.post('/optional', idempotent(store), (_req, res) => {
     res.json({ token: randomUUID() });

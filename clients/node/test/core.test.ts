@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { Pool } from 'pg';
+import { Client, Pool } from 'pg';
 import {
   IdempotencyStore,
   InvalidArgumentError,
@@ -198,6 +198,53 @@ describe('typed errors', () => {
       await two.query('ROLLBACK');
       one.release();
       two.release();
+    }
+  });
+});
+
+describe('beginAndClaim: BEGIN and the claim in one exchange', () => {
+  test('errors at each step leave the connection usable and its prepared statement known', async () => {
+    // a fresh connection each time: the first claim on it also prepares the statement
+    for (const failure of ['bind', 'execute'] as const) {
+      const client = new Client({ database: db.name });
+      await client.connect();
+      try {
+        const key = uniqueKey(`bc-${failure}`);
+        if (failure === 'execute') await db.store.claim(db.pool, { key, request: { a: 1 } });
+        // bind: the interval text is refused while binding, after the statement was parsed;
+        // execute: the claim itself refuses the changed request (IK001)
+        const options = failure === 'bind' ? { key, ttl: 'soon' } : { key, request: { a: 2 } };
+        const err = await db.store.beginAndClaim(client as never, options).catch((e: unknown) => e);
+        assert.ok(err instanceof Error, String(err));
+        if (failure === 'execute') assert.ok(err instanceof KeyMismatchError);
+        const aborted = await client.query('SELECT 1').catch((e: unknown) => e);
+        assert.equal((aborted as { code?: string }).code, '25P02', 'the transaction is open and aborted');
+        await client.query('ROLLBACK');
+        const ok = await db.store.beginAndClaim(client as never, { key: `${key}-2`, request: { a: 1 } }, 'REPEATABLE READ');
+        assert.equal(ok.outcome, 'claimed');
+        assert.equal(client.getTransactionStatus(), 'T', 'the claim\'s transaction stays open');
+        const { rows } = await client.query('SHOW transaction_isolation');
+        assert.equal(rows[0].transaction_isolation, 'repeatable read');
+        await client.query('COMMIT');
+        assert.equal((await db.store.lookup(db.pool, { key: `${key}-2` }))?.state, 'pending');
+      } finally {
+        await client.end();
+      }
+    }
+  });
+
+  test('a pipelining pg client (pipeline: true) gets BEGIN and the claim pipelined instead', async () => {
+    const client = new Client({ database: db.name, pipeline: true } as never);
+    await client.connect();
+    try {
+      const key = uniqueKey('bc-pipeline');
+      const claimed = await db.store.beginAndClaim(client as never, { key, request: { a: 1 } });
+      assert.equal(claimed.outcome, 'claimed');
+      assert.equal(client.getTransactionStatus(), 'T');
+      await client.query('ROLLBACK');
+      assert.equal(await db.store.lookup(db.pool, { key }), null);
+    } finally {
+      await client.end();
     }
   });
 });

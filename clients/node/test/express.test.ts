@@ -234,6 +234,44 @@ describe('express: lease mode', () => {
   });
 });
 
+describe('express: a duplicate that waits (1.2 wait)', { skip: !isV12 && 'wait needs extension 1.2' }, () => {
+  let local: { url: string; close: () => Promise<void> };
+  before(async () => {
+    local = await listen(buildApp(db.store, { waitRoutes: true }));
+  });
+  after(async () => {
+    await local.close();
+  });
+
+  /** The first request's handler has written its row and holds the claim's transaction open. */
+  async function handlerInTransaction(): Promise<boolean> {
+    const { rows } = await db.pool.query(
+      `SELECT count(*)::int AS n FROM pg_stat_activity
+        WHERE datname = current_database() AND state = 'idle in transaction' AND query LIKE 'INSERT INTO orders%'`);
+    return rows[0].n > 0;
+  }
+
+  for (const [mode, route, table] of [['lease', '/payments-wait', 'effects'], ['same-transaction', '/orders-wait', 'orders']] as const) {
+    test(`${mode} mode: the second request gets the first's response once it finishes, not 409`, async () => {
+      const key = uniqueKey(`wait-${mode}`);
+      const body = { item: 'kettle', amount: 9 };
+      const first = post(`${local.url}${route}`, key, body, { hangMs: 1500 });
+      // the second starts while the first's handler runs: it must wait, not answer 409
+      await eventually(async () => (mode === 'lease' ? (await lookupIn(route, key)) !== null : await handlerInTransaction()), 'the first claim');
+      const started = Date.now();
+      const second = await post(`${local.url}${route}`, key, body);
+      const firstResponse = await first;
+      assert.equal(firstResponse.status, 201);
+      assert.equal(second.status, 201, `the waiting duplicate answered ${second.status}`);
+      assert.equal(second.headers.get('idempotent-replayed'), 'true');
+      assert.equal(firstResponse.headers.get('idempotent-replayed'), null);
+      assert.equal(await second.text(), await firstResponse.text(), 'the replay is the first response, byte for byte');
+      assert.ok(Date.now() - started < 15_000, 'answered before the wait ran out');
+      assert.equal(await countRows(table, key), 1, 'the handler ran once');
+    });
+  }
+});
+
 describe('express: upgrade', () => {
   test('a response stored under 1.1 replays byte for byte after ALTER EXTENSION UPDATE', { skip: !isV12 && 'needs a newer version installed' }, async () => {
     const { IdempotencyStore } = await import('../src');

@@ -8,13 +8,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import psycopg
 from psycopg.types.json import Jsonb
 
 from . import errors
-from .results import ClaimResult, KeyRow, Outcome, State
+from .results import ClaimResult, KeyRow, Outcome, Reply, State
 
 EXTENSION_QUERY = (
     "SELECT e.extversion, n.nspname FROM pg_catalog.pg_extension e"
@@ -23,6 +23,20 @@ EXTENSION_QUERY = (
 
 V1_2 = (1, 2)
 
+# The columns read back, named rather than SELECT *: rows are read as tuples (cheaper than dicts
+# in psycopg's Python implementation), and a later version's new columns change nothing here.
+# Results come in binary format (timestamps, intervals and bytea cost less to load than their
+# text), so the enums are read as text.
+_CLAIM_COLUMNS = ("outcome::text", "inserted", "attempt", "state::text", "response",
+                  "response_code", "retry_after", "expires_at")
+_CLAIM_COLUMNS_1_2 = _CLAIM_COLUMNS + ("response_body", "response_headers", "retry_after_s")
+_KEY_COLUMNS = ("scope", "key", "state::text", "attempt", "fingerprint", "response", "response_code",
+                "retryable", "created_at", "locked_until", "completed_at", "expires_at")
+_KEY_COLUMNS_1_2 = _KEY_COLUMNS + ("response_body", "response_headers")
+#: what each function's statement reads back; functions not named here: every column
+_RETURNING = {"idem_claim": "claim", "idem_complete": "key", "idem_fail": "key",
+              "idem_lookup": "key", "idem_extend": "key", "idem_release": "key"}
+
 
 @dataclass(frozen=True)
 class Extension:
@@ -30,8 +44,8 @@ class Extension:
 
     version: str
     schema: str
-    #: statement texts already built, by function and the arguments sent
-    queries: dict[tuple[str, tuple[str, ...]], str] = field(
+    #: statement texts already built, by function, the arguments sent and whether a row is read
+    queries: dict[tuple[str, tuple[str, ...], bool], str] = field(
         default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -45,6 +59,18 @@ class Extension:
     @property
     def version_tuple(self) -> tuple[int, ...]:
         return tuple(int(part) for part in self.version.split("."))
+
+    @property
+    def has_1_2(self) -> bool:
+        return self.version_tuple >= V1_2
+
+    def columns(self, function: str) -> str:
+        kind = _RETURNING.get(function)
+        if kind is None:
+            return "*"
+        if kind == "claim":
+            return ", ".join(_CLAIM_COLUMNS_1_2 if self.has_1_2 else _CLAIM_COLUMNS)
+        return ", ".join(_KEY_COLUMNS_1_2 if self.has_1_2 else _KEY_COLUMNS)
 
     def require(self, feature: str, version: tuple[int, int]) -> None:
         if self.version_tuple < version:
@@ -66,19 +92,21 @@ class Call:
 
 
 def _call(ext: Extension, function: str, positional: list[str], named: dict[str, Any],
-          params: dict[str, Any]) -> Call:
-    """``SELECT * FROM schema.function(%(key)s, name => %(name)s, ...)``; arguments left None
-    are not sent, so the function's own defaults apply. The text is built once per function and
-    set of arguments (the same text also lets psycopg prepare the statement)."""
+          params: dict[str, Any], read_row: bool = True) -> Call:
+    """``SELECT <columns> FROM schema.function(%(key)s, name => %(name)s, ...)``; arguments
+    left None are not sent, so the function's own defaults apply. ``read_row=False`` reads no
+    column back (the caller does not use the row). The text is built once per function and set
+    of arguments (the same text also lets psycopg prepare the statement)."""
     sent = tuple(name for name, value in named.items() if value is not None)
     for name in sent:
         params[name] = named[name]
-    query = ext.queries.get((function, sent))
+    query = ext.queries.get((function, sent, read_row))
     if query is None:
         args = [f"%({name})s" for name in positional]
         args += [f"{name} => %({name})s" for name in sent]
-        query = f"SELECT * FROM {ext.function(function)}({', '.join(args)})"
-        ext.queries[function, sent] = query
+        columns = ext.columns(function) if read_row else ""
+        query = f"SELECT {columns} FROM {ext.function(function)}({', '.join(args)})"
+        ext.queries[function, sent, read_row] = query
     return Call(query, params)
 
 
@@ -125,7 +153,7 @@ def _finish_extras(ext: Extension, function: str, ttl: Optional[timedelta],
 
 def complete(ext: Extension, key: str, response: Any, *, response_code: int, scope: str,
              attempt: Optional[int], ttl: Optional[timedelta], body: Optional[bytes],
-             headers: Optional[Mapping[str, Any]]) -> Call:
+             headers: Optional[Mapping[str, Any]], read_row: bool = True) -> Call:
     extras = _finish_extras(ext, "idem_complete", ttl, body, headers)
     # Before 1.2 a response is required: a handler that answers nothing stores JSON null.
     stored = _json("response", response) if response is not None or body is None else None
@@ -133,18 +161,30 @@ def complete(ext: Extension, key: str, response: Any, *, response_code: int, sco
         stored = Jsonb(None)
     return _call(ext, "idem_complete", ["key", "response"], {
         "response_code": response_code, "scope": scope, "attempt": attempt, **extras,
-    }, {"key": key, "response": stored})
+    }, {"key": key, "response": stored}, read_row)
 
 
 def fail(ext: Extension, key: str, response: Any, *, response_code: int, retryable: bool,
          scope: str, attempt: Optional[int], ttl: Optional[timedelta], body: Optional[bytes],
-         headers: Optional[Mapping[str, Any]]) -> Call:
+         headers: Optional[Mapping[str, Any]], read_row: bool = True) -> Call:
     extras = _finish_extras(ext, "idem_fail", ttl, body, headers)
     return _call(ext, "idem_fail", ["key"], {
         "response": _json("response", response),
         "response_code": response_code, "retryable": retryable, "scope": scope,
         "attempt": attempt, **extras,
-    }, {"key": key})
+    }, {"key": key}, read_row)
+
+
+def finish(ext: Extension, key: str, reply: Reply, *, scope: str, attempt: Optional[int],
+           read_row: bool) -> Call:
+    """idem_fail for a failed reply, else idem_complete."""
+    if reply.failed:
+        return fail(ext, key, reply.response, response_code=reply.code,
+                    retryable=reply.retryable, scope=scope, attempt=attempt, ttl=None,
+                    body=reply.body, headers=reply.headers, read_row=read_row)
+    return complete(ext, key, reply.response, response_code=reply.code, scope=scope,
+                    attempt=attempt, ttl=None, body=reply.body, headers=reply.headers,
+                    read_row=read_row)
 
 
 def lookup(ext: Extension, key: str, *, scope: str) -> Call:
@@ -179,34 +219,36 @@ def retry_after_seconds(retry_after: Optional[timedelta], retry_after_s: Optiona
     return max(1, math.ceil(retry_after.total_seconds()))
 
 
-def parse_claim(row: Mapping[str, Any]) -> ClaimResult:
-    state = row["state"]
+def parse_claim(row: Sequence[Any]) -> ClaimResult:
+    """A claim's row, read with ``Extension.columns("idem_claim")``."""
+    outcome, inserted, attempt, state, response, code, retry_after, expires_at = row[:8]
+    has_1_2 = len(row) > 8
     return ClaimResult(
-        outcome=Outcome(row["outcome"]),
-        inserted=bool(row["inserted"]),
-        attempt=row["attempt"],
+        outcome=Outcome(outcome),
+        inserted=bool(inserted),
+        attempt=attempt,
         state=None if state is None else State(state),
-        response=row["response"],
-        response_code=row["response_code"],
-        retry_after=row["retry_after"],
-        retry_after_s=row.get("retry_after_s"),
-        expires_at=row["expires_at"],
-        response_body=_bytes(row.get("response_body")),
-        response_headers=row.get("response_headers"),
+        response=response,
+        response_code=code,
+        retry_after=retry_after,
+        retry_after_s=row[10] if has_1_2 else None,
+        expires_at=expires_at,
+        response_body=_bytes(row[8]) if has_1_2 else None,
+        response_headers=row[9] if has_1_2 else None,
     )
 
 
-def parse_key_row(row: Optional[Mapping[str, Any]]) -> Optional[KeyRow]:
-    if row is None or row["key"] is None:
+def parse_key_row(row: Optional[Sequence[Any]]) -> Optional[KeyRow]:
+    """A key's row, read with ``Extension.columns(...)`` of a function returning idem_keys."""
+    if row is None or row[1] is None:
         return None
+    has_1_2 = len(row) > 12
     return KeyRow(
-        scope=row["scope"], key=row["key"], state=State(row["state"]), attempt=row["attempt"],
-        fingerprint=_bytes(row["fingerprint"]), response=row["response"],
-        response_code=row["response_code"], retryable=row["retryable"],
-        created_at=row["created_at"], locked_until=row["locked_until"],
-        completed_at=row["completed_at"], expires_at=row["expires_at"],
-        response_body=_bytes(row.get("response_body")),
-        response_headers=row.get("response_headers"),
+        scope=row[0], key=row[1], state=State(row[2]), attempt=row[3],
+        fingerprint=_bytes(row[4]), response=row[5], response_code=row[6], retryable=row[7],
+        created_at=row[8], locked_until=row[9], completed_at=row[10], expires_at=row[11],
+        response_body=_bytes(row[12]) if has_1_2 else None,
+        response_headers=row[13] if has_1_2 else None,
     )
 
 

@@ -9,7 +9,6 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional, T
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from . import _protocol as proto
@@ -62,10 +61,10 @@ class AsyncIdempotency:
             self._extension = proto.Extension.from_row(row)
         return self._extension
 
-    async def _run(self, conn: AsyncConnection, call: proto.Call) -> Optional[dict[str, Any]]:
+    async def _run(self, conn: AsyncConnection, call: proto.Call) -> Optional[tuple[Any, ...]]:
         try:
-            async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(call.query, call.params)
+            async with conn.cursor() as cur:
+                await cur.execute(call.query, call.params, binary=True)
                 return await cur.fetchone()
         except psycopg.Error as e:
             raise proto.typed(e) from e
@@ -121,7 +120,7 @@ class AsyncIdempotency:
         call = proto.forget(await self.extension(conn), key, scope=scope, force=force)
         row = await self._run(conn, call)
         assert row is not None
-        return bool(next(iter(row.values())))
+        return bool(row[0])
 
     async def _key_row(self, conn: AsyncConnection, call: proto.Call) -> KeyRow:
         row = proto.parse_key_row(await self._run(conn, call))
@@ -129,14 +128,13 @@ class AsyncIdempotency:
         return row
 
     async def _finish(self, conn: AsyncConnection, key: str, reply: Reply, *, scope: str,
-                      attempt: Optional[int]) -> KeyRow:
-        if reply.failed:
-            return await self.fail(conn, key, reply.response, response_code=reply.code,
-                                   retryable=reply.retryable, scope=scope, attempt=attempt,
-                                   body=reply.body, headers=reply.headers)
-        return await self.complete(conn, key, reply.response, response_code=reply.code,
-                                   scope=scope, attempt=attempt, body=reply.body,
-                                   headers=reply.headers)
+                      attempt: Optional[int], read_row: bool) -> Optional[KeyRow]:
+        call = proto.finish(await self.extension(conn), key, reply, scope=scope,
+                            attempt=attempt, read_row=read_row)
+        if not read_row:
+            await self._run(conn, call)
+            return None
+        return await self._key_row(conn, call)
 
     # ---- same-transaction mode -----------------------------------------------------------
 
@@ -144,7 +142,7 @@ class AsyncIdempotency:
             self, key: str, handler: Callable[[AsyncConnection], Awaitable[Reply]], *,
             request: Any = None, scope: str = "", ttl: Optional[timedelta] = None,
             fingerprint: Optional[bytes] = None, wait: Optional[timedelta] = None,
-            on_exception: Optional[ExceptionPolicy] = None) -> RunResult:
+            on_exception: Optional[ExceptionPolicy] = None, read_row: bool = True) -> RunResult:
         """See ``Idempotency.run_in_transaction``."""
         for retry in range(self.transaction_retries + 1):
             try:
@@ -152,8 +150,9 @@ class AsyncIdempotency:
                     async with conn.transaction() as tx:
                         result = await self._transaction_once(
                             conn, key, handler, request=request, scope=scope, ttl=ttl,
-                            fingerprint=fingerprint, wait=wait, on_exception=on_exception)
-                        if isinstance(result, Executed) and result.row is None:
+                            fingerprint=fingerprint, wait=wait, on_exception=on_exception,
+                            read_row=read_row)
+                        if isinstance(result, Executed) and result.reply.failed and result.reply.retryable:
                             raise psycopg.Rollback(tx)
                     return result
             except Exception as exc:
@@ -167,7 +166,7 @@ class AsyncIdempotency:
             self, conn: AsyncConnection, key: str,
             handler: Callable[[AsyncConnection], Awaitable[Reply]], *, request: Any, scope: str,
             ttl: Optional[timedelta], fingerprint: Optional[bytes], wait: Optional[timedelta],
-            on_exception: Optional[ExceptionPolicy]) -> RunResult:
+            on_exception: Optional[ExceptionPolicy], read_row: bool) -> RunResult:
         claimed = await self.claim(conn, key, request=request, scope=scope, ttl=ttl,
                                    fingerprint=fingerprint, wait=wait)
         if claimed.outcome is not Outcome.CLAIMED:
@@ -188,7 +187,7 @@ class AsyncIdempotency:
         if reply.failed and reply.retryable:
             return Executed(reply, None)  # rolled back with the key by the caller
         return Executed(reply, await self._finish(conn, key, reply, scope=scope,
-                                                  attempt=claimed.attempt))
+                                                  attempt=claimed.attempt, read_row=read_row))
 
     # ---- lease mode ----------------------------------------------------------------------
 
@@ -198,7 +197,7 @@ class AsyncIdempotency:
             lease: Optional[timedelta] = None, fingerprint: Optional[bytes] = None,
             wait: Optional[timedelta] = None, heartbeat: bool = False,
             on_exception: Optional[ExceptionPolicy] = None,
-            conn: Optional[AsyncConnection] = None) -> RunResult:
+            conn: Optional[AsyncConnection] = None, read_row: bool = True) -> RunResult:
         """See ``Idempotency.run_with_lease``."""
         lease = lease or self.lease
         if heartbeat:
@@ -228,14 +227,15 @@ class AsyncIdempotency:
             if policy_reply is None:
                 try:
                     await self._leased(conn, lambda c: self._finish(
-                        c, key, Reply.failure(), scope=scope, attempt=held.attempt))
+                        c, key, Reply.failure(), scope=scope, attempt=held.attempt,
+                        read_row=False))
                 except (errors.StaleAttemptError, errors.KeyNotFoundError,
                         errors.KeyNotPendingError):
                     pass  # no longer this attempt's key: nothing to record; the error raises
                 raise
             reply = policy_reply
-        row: KeyRow = await self._leased(conn, lambda c: self._finish(
-            c, key, reply, scope=scope, attempt=held.attempt))
+        row = await self._leased(conn, lambda c: self._finish(
+            c, key, reply, scope=scope, attempt=held.attempt, read_row=read_row))
         return Executed(reply, row)
 
     async def _leased(self, conn: Optional[AsyncConnection],

@@ -9,7 +9,6 @@ from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar, Union
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from . import _protocol as proto
@@ -76,10 +75,10 @@ class Idempotency:
             self._extension = proto.Extension.from_row(row)
         return self._extension
 
-    def _run(self, conn: Connection, call: proto.Call) -> Optional[dict[str, Any]]:
+    def _run(self, conn: Connection, call: proto.Call) -> Optional[tuple[Any, ...]]:
         try:
-            with conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(call.query, call.params)
+            with conn.cursor() as cur:
+                cur.execute(call.query, call.params, binary=True)
                 return cur.fetchone()
         except psycopg.Error as e:
             raise proto.typed(e) from e
@@ -133,7 +132,7 @@ class Idempotency:
         """Delete the key whatever its state (1.2); a live lease needs ``force``."""
         row = self._run(conn, proto.forget(self.extension(conn), key, scope=scope, force=force))
         assert row is not None
-        return bool(next(iter(row.values())))
+        return bool(row[0])
 
     def _key_row(self, conn: Connection, call: proto.Call) -> KeyRow:
         row = proto.parse_key_row(self._run(conn, call))
@@ -141,13 +140,13 @@ class Idempotency:
         return row
 
     def _finish(self, conn: Connection, key: str, reply: Reply, *, scope: str,
-                attempt: Optional[int]) -> KeyRow:
-        if reply.failed:
-            return self.fail(conn, key, reply.response, response_code=reply.code,
-                             retryable=reply.retryable, scope=scope, attempt=attempt,
-                             body=reply.body, headers=reply.headers)
-        return self.complete(conn, key, reply.response, response_code=reply.code, scope=scope,
-                             attempt=attempt, body=reply.body, headers=reply.headers)
+                attempt: Optional[int], read_row: bool) -> Optional[KeyRow]:
+        call = proto.finish(self.extension(conn), key, reply, scope=scope, attempt=attempt,
+                            read_row=read_row)
+        if not read_row:
+            self._run(conn, call)
+            return None
+        return self._key_row(conn, call)
 
     # ---- same-transaction mode -----------------------------------------------------------
 
@@ -155,7 +154,8 @@ class Idempotency:
                            request: Any = None, scope: str = "",
                            ttl: Optional[timedelta] = None, fingerprint: Optional[bytes] = None,
                            wait: Optional[timedelta] = None,
-                           on_exception: Optional[ExceptionPolicy] = None) -> RunResult:
+                           on_exception: Optional[ExceptionPolicy] = None,
+                           read_row: bool = True) -> RunResult:
         """Claim, run ``handler(conn)`` and store its reply in one transaction.
 
         The handler's writes and the key commit together or not at all. A handler that raises,
@@ -164,7 +164,8 @@ class Idempotency:
         ``on_exception`` may turn an exception into a Reply, which is then stored (or, if it is
         retryable, rolled back) without the handler's writes.
         A transaction that fails with 40001 or 40P01 is run again, at most
-        ``transaction_retries`` times.
+        ``transaction_retries`` times. ``read_row=False``: the stored row is not read back
+        (``Executed.row`` is None), for callers that do not use it.
         """
         for retry in range(self.transaction_retries + 1):
             try:
@@ -173,8 +174,9 @@ class Idempotency:
                         result = self._transaction_once(conn, key, handler, request=request,
                                                         scope=scope, ttl=ttl,
                                                         fingerprint=fingerprint, wait=wait,
-                                                        on_exception=on_exception)
-                        if isinstance(result, Executed) and result.row is None:
+                                                        on_exception=on_exception,
+                                                        read_row=read_row)
+                        if isinstance(result, Executed) and result.reply.failed and result.reply.retryable:
                             raise psycopg.Rollback(tx)
                     return result
             except Exception as exc:
@@ -188,7 +190,7 @@ class Idempotency:
                           handler: Callable[[Connection], Reply], *, request: Any, scope: str,
                           ttl: Optional[timedelta], fingerprint: Optional[bytes],
                           wait: Optional[timedelta],
-                          on_exception: Optional[ExceptionPolicy]) -> RunResult:
+                          on_exception: Optional[ExceptionPolicy], read_row: bool) -> RunResult:
         claimed = self.claim(conn, key, request=request, scope=scope, ttl=ttl,
                              fingerprint=fingerprint, wait=wait)
         if claimed.outcome is not Outcome.CLAIMED:
@@ -210,7 +212,7 @@ class Idempotency:
         if reply.failed and reply.retryable:
             return Executed(reply, None)  # rolled back with the key by the caller
         return Executed(reply, self._finish(conn, key, reply, scope=scope,
-                                            attempt=claimed.attempt))
+                                            attempt=claimed.attempt, read_row=read_row))
 
     # ---- lease mode ----------------------------------------------------------------------
 
@@ -219,7 +221,7 @@ class Idempotency:
                        lease: Optional[timedelta] = None, fingerprint: Optional[bytes] = None,
                        wait: Optional[timedelta] = None, heartbeat: bool = False,
                        on_exception: Optional[ExceptionPolicy] = None,
-                       conn: Optional[Connection] = None) -> RunResult:
+                       conn: Optional[Connection] = None, read_row: bool = True) -> RunResult:
         """Claim in autocommit, run ``handler(lease)`` with no transaction open, then store its
         reply fenced by the attempt.
 
@@ -228,6 +230,7 @@ class Idempotency:
         third of its length while the handler runs. A handler that raises stores a retryable
         failure (or what ``on_exception`` returns) and the exception propagates. A reply whose
         attempt was taken over meanwhile raises StaleAttemptError: never report it as success.
+        ``read_row=False``: the stored row is not read back (``Executed.row`` is None).
         """
         lease = lease or self.lease
         if heartbeat:
@@ -257,14 +260,15 @@ class Idempotency:
             if policy_reply is None:
                 try:
                     self._leased(conn, lambda c: self._finish(
-                        c, key, Reply.failure(), scope=scope, attempt=held.attempt))
+                        c, key, Reply.failure(), scope=scope, attempt=held.attempt,
+                        read_row=False))
                 except (errors.StaleAttemptError, errors.KeyNotFoundError,
                         errors.KeyNotPendingError):
                     pass  # no longer this attempt's key: nothing to record; the error raises
                 raise
             reply = policy_reply
-        row: KeyRow = self._leased(conn, lambda c: self._finish(c, key, reply, scope=scope,
-                                                          attempt=held.attempt))
+        row = self._leased(conn, lambda c: self._finish(c, key, reply, scope=scope,
+                                                        attempt=held.attempt, read_row=read_row))
         return Executed(reply, row)
 
     def _leased(self, conn: Optional[Connection], call: Callable[[Connection], T]) -> T:

@@ -148,12 +148,13 @@ class FastAPIIdempotency:
                 result = await idem.run_in_transaction(
                     prepared.key, in_transaction, request=prepared.request,
                     fingerprint=prepared.fingerprint, scope=prepared.scope, ttl=options.ttl,
-                    wait=options.wait)
+                    wait=options.wait, read_row=False)
             else:
                 result = await idem.run_with_lease(
                     prepared.key, with_lease, request=prepared.request,
                     fingerprint=prepared.fingerprint, scope=prepared.scope, ttl=options.ttl,
-                    lease=options.lease, wait=options.wait, heartbeat=options.heartbeat)
+                    lease=options.lease, wait=options.wait, heartbeat=options.heartbeat,
+                    read_row=False)
         except errors.IdempotencyError as exc:
             answer = http.for_error(exc)
             if answer is None:

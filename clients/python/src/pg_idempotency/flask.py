@@ -103,14 +103,16 @@ class FlaskIdempotency:
                 result = idem.run_in_transaction(
                     prepared.key, lambda conn: capture(lambda: view(*args, conn=conn, **kwargs)),
                     request=prepared.request, fingerprint=prepared.fingerprint,
-                    scope=prepared.scope, ttl=options.ttl, wait=options.wait)
+                    scope=prepared.scope, ttl=options.ttl, wait=options.wait,
+                    read_row=False)
             else:
                 result = idem.run_with_lease(
                     prepared.key,
                     lambda lease: capture(lambda: view(*args, lease=lease, **kwargs)),
                     request=prepared.request, fingerprint=prepared.fingerprint,
                     scope=prepared.scope, ttl=options.ttl, lease=options.lease,
-                    wait=options.wait, heartbeat=options.heartbeat)
+                    wait=options.wait, heartbeat=options.heartbeat,
+                    read_row=False)
         except errors.IdempotencyError as exc:
             answer = http.for_error(exc)
             if answer is None:

@@ -1,0 +1,134 @@
+"""The Django integration through Django's test client, against the real extension."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import timedelta
+from typing import Any, Iterator
+
+import django
+import psycopg
+import pytest
+from django.conf import settings
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.test import Client
+from django.urls import clear_url_caches, path
+from psycopg_pool import ConnectionPool
+
+if not settings.configured:
+    settings.configure(DEBUG=False, ALLOWED_HOSTS=["testserver"], ROOT_URLCONF=__name__,
+                       DATABASES={}, MIDDLEWARE=[], SECRET_KEY="tests-only",
+                       USE_TZ=True, LOGGING_CONFIG=None)
+    django.setup()
+
+from pg_idempotency import Idempotency  # noqa: E402
+from pg_idempotency.django import DjangoIdempotency  # noqa: E402
+
+#: set by the fixture: the views are built for each extension version's pool
+urlpatterns: list[Any] = []
+
+
+@pytest.fixture
+def client(pool: ConnectionPool) -> Iterator[Client]:
+    idem = DjangoIdempotency(Idempotency(pool))
+
+    @idem.transactional(required=True)
+    def create_order(request: HttpRequest, shop: int, conn: psycopg.Connection[Any]) -> Any:
+        order = json.loads(request.body)
+        if order.get("missing"):
+            raise Http404("no such product")
+        if order.get("crash"):
+            conn.execute("INSERT INTO orders (customer, total, idem_key) VALUES ('crash', 0, %s)",
+                         (request.headers["Idempotency-Key"],))
+            raise RuntimeError("the handler failed")
+        (order_id,) = conn.execute(
+            "INSERT INTO orders (customer, total, idem_key) VALUES (%s, %s, %s) RETURNING id",
+            (order["customer"], order["total"], request.headers["Idempotency-Key"])).fetchone()
+        # key order and spacing that jsonb would not keep: the replay must be byte-exact
+        response = HttpResponse(f'{{"z": 1,  "order_id": {order_id}, "token": "{uuid.uuid4()}"}}',
+                                content_type="application/json", status=201)
+        response["Location"] = f"/shops/{shop}/orders/{order_id}"
+        return response
+
+    @idem.leased(required=True, lease=timedelta(seconds=30))
+    def pay(request: HttpRequest, lease: Any) -> Any:
+        return JsonResponse({"provider_key": lease.key, "attempt": lease.attempt,
+                             "token": str(uuid.uuid4())}, status=201)
+
+    urlpatterns[:] = [path("shops/<int:shop>/orders", create_order), path("payments", pay)]
+    clear_url_caches()
+    yield Client(raise_request_exception=False)
+    urlpatterns.clear()
+    clear_url_caches()
+
+
+def post(client: Client, url: str, body: Any, key: Any = None, raw: Any = None) -> Any:
+    headers = {} if key is None else {"HTTP_IDEMPOTENCY_KEY": key}
+    return client.post(url, data=raw if raw is not None else json.dumps(body),
+                       content_type="application/json", **headers)
+
+
+def orders(pool: ConnectionPool, key: str) -> int:
+    with pool.connection() as conn:
+        row = conn.execute("SELECT count(*) FROM orders WHERE idem_key = %s", (key,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_transactional_runs_once_and_replays_byte_for_byte(client: Client, pool: ConnectionPool,
+                                                            key: str) -> None:
+    first = post(client, "/shops/7/orders", {"customer": "ada", "total": 5}, key)
+    assert first.status_code == 201, first.content
+    assert first.has_header("Idempotent-Replayed") is False
+    again = post(client, "/shops/7/orders", {"total": 5, "customer": "ada"}, key)  # key order
+    assert again.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    assert again["Content-Type"] == "application/json"
+    assert again["Location"] == first["Location"]
+    assert orders(pool, key) == 1
+    # the scope is the route pattern: the same key on another shop is another request
+    other = post(client, "/shops/8/orders", {"customer": "ada", "total": 5}, key)
+    assert other.status_code == 422
+
+
+def test_changed_body_bad_or_missing_key(client: Client, pool: ConnectionPool, key: str) -> None:
+    assert post(client, "/shops/1/orders", {"customer": "a", "total": 1}, key).status_code == 201
+    changed = post(client, "/shops/1/orders", {"customer": "a", "total": 2}, key)
+    assert changed.status_code == 422
+    assert json.loads(changed.content)["error"] == "idempotency_key_mismatch"
+    assert post(client, "/shops/1/orders", {"customer": "a", "total": 1}).status_code == 400
+    for bad in ("", "x" * 256, "tab\there"):
+        assert post(client, "/shops/1/orders", {"customer": "a", "total": 1}, bad).status_code \
+            == 400, repr(bad)
+    nul = post(client, "/shops/1/orders", None, "nul-" + key, raw='{"customer": "a\\u0000"}')
+    assert nul.status_code == 400
+    assert orders(pool, key) == 1
+
+
+def test_a_failing_view_rolls_back_and_404_is_stored(client: Client, pool: ConnectionPool,
+                                                      key: str) -> None:
+    crash = post(client, "/shops/1/orders", {"crash": True}, key)
+    assert crash.status_code == 500
+    assert orders(pool, key) == 0, "the view's write rolled back with the key"
+    retry = post(client, "/shops/1/orders", {"crash": True}, key)
+    assert retry.status_code == 500 and not retry.has_header("Idempotent-Replayed")
+    missing = "missing-" + key
+    first = post(client, "/shops/1/orders", {"missing": True}, missing)
+    assert first.status_code == 404
+    replay = post(client, "/shops/1/orders", {"missing": True}, missing)
+    assert replay.status_code == 404
+    assert replay["Idempotent-Replayed"] == "true"
+    assert replay.content == first.content
+
+
+def test_leased_view_gets_the_key_and_replays(client: Client, key: str) -> None:
+    first = post(client, "/payments", {"amount": 3}, key)
+    assert first.status_code == 201
+    body = json.loads(first.content)
+    assert body["provider_key"] == key and body["attempt"] == 1
+    again = post(client, "/payments", {"amount": 3}, key)
+    assert again.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
