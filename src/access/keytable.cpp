@@ -120,6 +120,26 @@ keytable_open(KeyTable *kt, Access access, const char *caller)
 }
 
 void
+keytable_prepare_write(KeyTable *kt)
+{
+	open_indexes(kt);
+	for (int i = 0; i < kt->nindexes; i++)
+	{
+		const IndexInfo *info = kt->index_info[i];
+		if (kt->estate == nullptr && (info->ii_Expressions != NIL || info->ii_Predicate != NIL))
+			kt->estate = CreateExecutorState();
+	}
+}
+
+void
+keytable_clear(KeyTable *kt)
+{
+	ExecClearTuple(kt->found);
+	if (kt->written != nullptr)
+		ExecClearTuple(kt->written);
+}
+
+void
 keytable_close(KeyTable *kt)
 {
 	ExecDropSingleTupleTableSlot(kt->found);

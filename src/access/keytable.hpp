@@ -45,6 +45,13 @@ enum class Access
 bool keytable_open(KeyTable *kt, Access access, const char *caller);
 void keytable_close(KeyTable *kt);
 
+// Opens what writes need (the indexes, and executor state for indexes with expressions or
+// predicates) now, in the current memory context, rather than on the first write: a caller that
+// writes many keys in a short-lived context per key (a batch) calls this first. Between keys it
+// calls keytable_clear, which drops what the slots hold.
+void keytable_prepare_write(KeyTable *kt);
+void keytable_clear(KeyTable *kt);
+
 // Finds the newest version of (scope, key) that is or may become live, as INSERT ... ON CONFLICT's
 // pre-check does: SnapshotDirty over the primary key, waiting out any other transaction that is
 // inserting, updating or deleting it, then looking again. True with the version in kt->found.
