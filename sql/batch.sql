@@ -18,7 +18,7 @@ FROM idem_keys WHERE scope = 'batch' ORDER BY key;
 -- 2. Finished in one call; the count of keys finished. Per-key responses, one status code.
 SELECT idem_complete_batch(ARRAY['m1', 'm2'], 'batch',
                            responses => ARRAY['{"applied": 1}', NULL]::jsonb[], response_code => 201);
-SELECT key, state, response, response_code, completed_at IS NOT NULL AS completed, locked_until
+SELECT key, state, response, response_code, completed_at IS NOT NULL AS completed, locked_until IS NULL AS no_lease
 FROM idem_keys WHERE scope = 'batch' ORDER BY key;
 
 -- 3. A mixed batch: applied ids replay with their stored result, an id another consumer holds

@@ -888,7 +888,10 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 	KeyTable kt;
 	bool direct = keytable_open(&kt, Access::write, "idem_claim_batch()");
 	if (direct)
+	{
 		keytable_prepare_write(&kt);
+		keytable_batch_begin(&kt, in->scope, in->nkeys);
+	}
 	MemoryContext key_cxt = per_key_context();
 	for (int s = 0; s < in->nkeys; s++)
 	{
@@ -915,7 +918,10 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 		waiter.bounded = in->wait != nullptr;
 		waiter.deadline = deadline;
 		if (direct)
+		{
 			claim_direct(&kt, &key_in, &waiter, &out);
+			keytable_batch_note(&kt, in->scope, in->keys[i]);
+		}
 		else
 			claim_with_policies(&kt.catalog, &key_in, &waiter, &out);
 		waiter_end(&waiter);
