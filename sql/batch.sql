@@ -78,6 +78,26 @@ CALL pg_temp.expect_error($$SELECT * FROM idem_claim_batch(ARRAY['p-new', 'p-x',
 SELECT key, outcome, inserted FROM idem_claim_batch(ARRAY['p-new', 'p-new'], 'batch-p',
                                                     fingerprints => ARRAY['\x07', '\x07']::bytea[]);
 
+-- Requests instead of fingerprints, as idem_claim's request: SHA-256 of the scope and the jsonb,
+-- so equal JSON is the same request; a given fingerprint takes precedence over a request.
+SELECT key, outcome FROM idem_claim_batch(ARRAY['q-1', 'q-2'], 'batch-p',
+                                          requests => ARRAY['{"a": 1, "b": [1.0]}', NULL]::jsonb[]);
+SELECT outcome FROM idem_claim('q-single', '{"b": [1], "a": 1}', 'batch-p');
+SELECT a.fingerprint = b.fingerprint AS same_as_idem_claim
+FROM idem_keys a, idem_keys b
+WHERE a.scope = 'batch-p' AND a.key = 'q-1' AND b.scope = 'batch-p' AND b.key = 'q-single';
+-- the same id twice with equal JSON: one key, no mismatch (in_progress: claimed above, pending)
+SELECT key, outcome FROM idem_claim_batch(ARRAY['q-1', 'q-1'], 'batch-p',
+                                          requests => ARRAY['{"b": [1], "a": 1}', '{"a": 1, "b": [1.00]}']::jsonb[]);
+CALL pg_temp.expect_error($$SELECT * FROM idem_claim_batch(ARRAY['q-1'], 'batch-p', requests => ARRAY['{"a": 2}'::jsonb])$$);
+CALL pg_temp.expect_error($$SELECT * FROM idem_claim_batch(ARRAY['q-0', 'q-0'], 'batch-p',
+                                                         requests => ARRAY['{"a": 1}', '{"a": 2}']::jsonb[])$$);
+SELECT key, outcome FROM idem_claim_batch(ARRAY['q-3'], 'batch-p', requests => ARRAY['{"ignored": 1}'::jsonb],
+                                          fingerprints => ARRAY['\x05'::bytea]);
+SELECT fingerprint FROM idem_keys WHERE scope = 'batch-p' AND key = 'q-3';
+CALL pg_temp.expect_error($$SELECT * FROM idem_claim_batch(ARRAY['q-1', 'q-2'], 'batch-p',
+                                                         requests => ARRAY['{}'::jsonb])$$);
+
 -- 8. Expiry: an expired id is new again (attempt 1, inserted), a different request is no mismatch.
 -- The result's ttl counts from completion.
 SELECT count(*) FROM idem_claim_batch(ARRAY['e-1'], 'batch-e', fingerprints => ARRAY['\x01'::bytea]);

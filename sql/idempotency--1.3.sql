@@ -265,6 +265,7 @@ $$;
 CREATE FUNCTION @extschema@.idem_claim_batch(
     keys         text[],
     scope        text DEFAULT '',
+    requests     jsonb[] DEFAULT NULL,
     fingerprints bytea[] DEFAULT NULL,
     ttl          interval DEFAULT NULL,
     lease        interval DEFAULT NULL,

@@ -432,7 +432,7 @@ constexpr int claim_batch_columns = 9;
 
 } // namespace
 
-// idem_claim_batch(keys, scope, fingerprints, ttl, lease, wait)
+// idem_claim_batch(keys, scope, requests, fingerprints, ttl, lease, wait)
 IDEM_SQL_FUNCTION(idem_claim_batch)
 {
 	ArrayArg keys;
@@ -440,10 +440,18 @@ IDEM_SQL_FUNCTION(idem_claim_batch)
 	int *position;
 	keys_arg(fcinfo, 0, &keys, &position);
 	in.scope = scope_arg(fcinfo, 1);
+	ArrayArg requests;
+	in.request_null = nullptr;
+	in.requests = nullptr;
+	if (per_key_array_arg(fcinfo, 2, "requests", JSONBOID, &keys, &requests))
+	{
+		in.request_null = requests.isnull;
+		in.requests = requests.value;
+	}
 	ArrayArg fingerprints;
 	in.has_fingerprint = nullptr;
 	in.fingerprints = nullptr;
-	if (per_key_array_arg(fcinfo, 2, "fingerprints", BYTEAOID, &keys, &fingerprints))
+	if (per_key_array_arg(fcinfo, 3, "fingerprints", BYTEAOID, &keys, &fingerprints))
 	{
 		bool *has = (bool *) palloc(sizeof(bool) * Max(keys.n, 1));
 		for (int i = 0; i < keys.n; i++)
@@ -463,9 +471,9 @@ IDEM_SQL_FUNCTION(idem_claim_batch)
 		in.has_fingerprint = has;
 		in.fingerprints = fingerprints.value;
 	}
-	in.ttl = duration_arg(fcinfo, 3, "ttl");
-	in.lease = duration_arg(fcinfo, 4, "lease");
-	in.wait = wait_arg(fcinfo, 5);
+	in.ttl = duration_arg(fcinfo, 4, "ttl");
+	in.lease = duration_arg(fcinfo, 5, "lease");
+	in.wait = wait_arg(fcinfo, 6);
 	in.nkeys = keys.n;
 	in.keys = keys.value;
 	in.position = position;

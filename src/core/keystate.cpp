@@ -846,14 +846,22 @@ sorted_positions(int nkeys, const Datum *keys)
 	return order;
 }
 
-static bool
-batch_fingerprints_distinct(const BatchClaimInput *in, int i, int j)
+// Each key's fingerprint as idem_claim would store it: the one given, or the request's.
+static void
+batch_fingerprints(const Catalog *c, const BatchClaimInput *in, bool *has, Datum *fingerprint)
 {
-	bool has_i = in->has_fingerprint != nullptr && in->has_fingerprint[i];
-	bool has_j = in->has_fingerprint != nullptr && in->has_fingerprint[j];
-	if (has_i != has_j)
-		return true;
-	return has_i && !bytea_equal(in->fingerprints[i], in->fingerprints[j]);
+	for (int i = 0; i < in->nkeys; i++)
+	{
+		ClaimInput key_in;
+		key_in.scope = in->scope;
+		key_in.has_fingerprint = in->has_fingerprint != nullptr && in->has_fingerprint[i];
+		key_in.fingerprint = key_in.has_fingerprint ? in->fingerprints[i] : (Datum) 0;
+		bool has_request = in->request_null != nullptr && !in->request_null[i];
+		key_in.request = has_request ? DatumGetJsonbP(in->requests[i]) : nullptr;
+		fingerprint_request(c, &key_in);
+		has[i] = key_in.has_fingerprint;
+		fingerprint[i] = key_in.fingerprint;
+	}
 }
 
 // A key claimed in a short-lived memory context of its own (reset after each key), so that a
@@ -867,26 +875,33 @@ per_key_context()
 void
 claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 {
+	TimestampTz deadline = in->wait == nullptr ? 0 : add_interval(GetCurrentTimestamp(), in->wait);
 	int *order = sorted_positions(in->nkeys, in->keys);
+	KeyTable kt;
+	bool direct = keytable_open(&kt, Access::write, "idem_claim_batch()");
+	bool *has_fingerprint = (bool *) palloc(sizeof(bool) * Max(in->nkeys, 1));
+	Datum *fingerprint = (Datum *) palloc(sizeof(Datum) * Max(in->nkeys, 1));
+	batch_fingerprints(&kt.catalog, in, has_fingerprint, fingerprint);
 	// A message id repeated within the batch (a redelivery in the same poll) is one key, answered
 	// once; repeated with a different request it is refused before anything is written.
 	for (int s = 1; s < in->nkeys; s++)
 	{
 		int first = order[s - 1], next = order[s];
-		if (compare_text(in->keys[first], in->keys[next]) == 0 && batch_fingerprints_distinct(in, first, next))
+		if (compare_text(in->keys[first], in->keys[next]) != 0)
+			continue;
+		bool distinct = has_fingerprint[first] != has_fingerprint[next] ||
+		                (has_fingerprint[first] && !bytea_equal(fingerprint[first], fingerprint[next]));
+		if (distinct)
 		{
 			stats_count(Counter::mismatches);
 			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_KEY_MISMATCH),
-			                errmsg("idempotency key \"%s\" appears twice in argument \"keys\" with different fingerprints",
+			                errmsg("idempotency key \"%s\" appears twice in argument \"keys\" with different requests",
 			                       key_text(in->keys[next])),
 			                errdetail("keys[%d] and keys[%d] are the same key.", in->position[Min(first, next)],
 			                          in->position[Max(first, next)])));
 		}
 	}
 
-	TimestampTz deadline = in->wait == nullptr ? 0 : add_interval(GetCurrentTimestamp(), in->wait);
-	KeyTable kt;
-	bool direct = keytable_open(&kt, Access::write, "idem_claim_batch()");
 	if (direct)
 	{
 		keytable_prepare_write(&kt);
@@ -903,8 +918,8 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 		ClaimInput key_in;
 		key_in.scope = in->scope;
 		key_in.key = in->keys[i];
-		key_in.has_fingerprint = in->has_fingerprint != nullptr && in->has_fingerprint[i];
-		key_in.fingerprint = key_in.has_fingerprint ? in->fingerprints[i] : (Datum) 0;
+		key_in.has_fingerprint = has_fingerprint[i];
+		key_in.fingerprint = fingerprint[i];
 		key_in.request = nullptr;
 		key_in.ttl = in->ttl;
 		key_in.lease = in->lease;

@@ -63,6 +63,8 @@ struct BatchClaimInput
 	const int *position;
 	const bool *has_fingerprint;  // nullptr: none given
 	const Datum *fingerprints;    // bytea
+	const bool *request_null;     // nullptr: no requests; fingerprinted where no fingerprint is given
+	const Datum *requests;        // jsonb
 	const Interval *ttl;
 	const Interval *lease;
 	const Interval *wait;         // bounds the whole call, not each key
