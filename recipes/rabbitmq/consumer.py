@@ -15,8 +15,8 @@ the transaction that applies the effect and completed with idem_complete before 
 A poison message (no message id, not JSON, or an effect that fails for good) is recorded as a
 failed key and rejected to the dead-letter queue instead of being redelivered forever.
 
-Messages are handled in batches (up to --batch, one transaction), ids in sorted order so that two
-consumers claiming overlapping batches cannot deadlock.
+Messages are handled in batches (up to --batch, one transaction): one idem_claim_batch call
+claims the batch's ids, one idem_complete_batch call records the applied ones.
 
     PGHOST=... PGDATABASE=... AMQP_URL=amqp://... consumer.py [--batch 100] [--linger 0.05]
         [--crash-after-commit N]
@@ -64,30 +64,26 @@ class Message:
 def dedup_claim(conn: psycopg.Connection, messages: list[Message]) -> dict[str, str]:
     """Claim every message's id in the current transaction: message_id -> 'new' (apply it),
     'applied' (done before: skip), 'failed' (dead-lettered before) or 'busy' (owned by a live
-    lease elsewhere). One idem_claim per id, pipelined in one round trip; the batch API of the
-    extension replaces this function with one call."""
-    with conn.pipeline():
-        cursors = [conn.execute(
-            "SELECT outcome, state FROM idem_claim(%s, request => %s, scope => %s, ttl => %s)",
-            (m.message_id, Jsonb(m.payload), SCOPE, DEDUP_TTL)) for m in messages]
+    lease elsewhere). One idem_claim_batch call for the whole batch: it takes the ids in key
+    order, so consumers claiming overlapping batches cannot deadlock."""
+    rows = conn.execute(
+        "SELECT key, outcome, state FROM idem_claim_batch(%s, %s, requests => %s, ttl => %s)",
+        ([m.message_id for m in messages], SCOPE, [Jsonb(m.payload) for m in messages],
+         DEDUP_TTL)).fetchall()
     verdicts = {}
-    for m, cur in zip(messages, cursors):
-        outcome, state = cur.fetchone()
+    for key, outcome, state in rows:
         if outcome == "claimed":
-            verdicts[m.message_id] = "new"
+            verdicts[key] = "new"
         elif outcome == "replay":
-            verdicts[m.message_id] = "applied" if state == "succeeded" else "failed"
+            verdicts[key] = "applied" if state == "succeeded" else "failed"
         else:
-            verdicts[m.message_id] = "busy"
+            verdicts[key] = "busy"
     return verdicts
 
 
 def dedup_complete(conn: psycopg.Connection, message_ids: list[str]) -> None:
-    """Mark the claimed ids applied, in the current transaction (one call each, pipelined)."""
-    with conn.pipeline():
-        for message_id in message_ids:
-            conn.execute("SELECT FROM idem_complete(%s, '{}', 200, scope => %s)",
-                         (message_id, SCOPE))
+    """Mark the claimed ids applied, in the current transaction, in one call."""
+    conn.execute("SELECT idem_complete_batch(%s, %s)", (message_ids, SCOPE))
 
 
 def apply_effects(conn: psycopg.Connection, messages: list[Message]) -> None:
@@ -173,12 +169,11 @@ class Consumer:
         """One transaction: claim every id, apply the new ones, complete them, COMMIT.
         Returns each message's verdict (see dedup_claim)."""
         assert self.conn is not None
-        ordered = sorted(messages, key=lambda m: m.message_id)
         for attempt in range(1, 6):
             try:
                 with self.conn.transaction():
-                    verdicts = dedup_claim(self.conn, ordered)
-                    new = [m for m in ordered if verdicts[m.message_id] == "new"]
+                    verdicts = dedup_claim(self.conn, messages)
+                    new = [m for m in messages if verdicts[m.message_id] == "new"]
                     if new:
                         apply_effects(self.conn, new)
                         dedup_complete(self.conn, [m.message_id for m in new])
@@ -207,9 +202,8 @@ class Consumer:
     def handle(self, deliveries: list[tuple[Any, Any, bytes]]) -> None:
         verdicts: dict[int, str] = {}  # delivery tag -> new / applied / failed / busy / poison
         messages: list[Message] = []
-        # A message published twice can arrive twice in one batch: claim its id once (a second
-        # claim in the same transaction would answer "claimed" again) and let the copy share the
-        # first one's verdict.
+        # A message published twice can arrive twice in one batch: claim its id once (the batch
+        # call answers a repeated id once) and let the copy share the first one's verdict.
         first_of: dict[str, Message] = {}
         copies: list[Message] = []
         for method, properties, body in deliveries:

@@ -2,7 +2,8 @@
 -- CREATE EXTENSION idempotency (version 1.2, any schema). Creates schema idem_partition:
 --   config                 which partition this database is (index, count) and whether it accepts calls
 --   idem_scope_hash(scope) / idem_scope_partition(scope, partitions)  the routing rule (same as the proxy's)
---   idem_claim, idem_complete, idem_fail, idem_extend, idem_release, idem_forget, idem_lookup
+--   idem_claim, idem_complete, idem_fail, idem_extend, idem_release, idem_forget, idem_lookup,
+--   idem_claim_batch, idem_complete_batch (these two need extension 1.3)
 --                          the extension's functions behind an ownership check: a call for a
 --                          scope that is not this partition's raises IK900
 --   configure(...), stats(), stalled()  for the generator, the resharding tool and monitoring
@@ -151,6 +152,33 @@ BEGIN
     LOCK TABLE %1$s.idem_keys IN ROW EXCLUSIVE MODE;
     PERFORM idem_partition.check_owner(scope);
     RETURN %1$s.idem_forget(key, scope, force);
+END
+$$;
+
+-- The batch calls (extension 1.3): one scope per call, so one partition.
+CREATE FUNCTION idem_partition.idem_claim_batch(keys text[], scope text DEFAULT '',
+                                                requests jsonb[] DEFAULT NULL, fingerprints bytea[] DEFAULT NULL,
+                                                ttl interval DEFAULT NULL, lease interval DEFAULT NULL,
+                                                wait interval DEFAULT NULL)
+RETURNS TABLE (key text, outcome %1$s.idem_outcome, inserted boolean, attempt integer,
+               state %1$s.idem_state, response jsonb, response_code integer, retry_after_s integer,
+               expires_at timestamptz)
+LANGUAGE plpgsql AS $$
+BEGIN
+    LOCK TABLE %1$s.idem_keys IN ROW EXCLUSIVE MODE;
+    PERFORM idem_partition.check_owner(scope);
+    RETURN QUERY SELECT * FROM %1$s.idem_claim_batch(keys, scope, requests, fingerprints, ttl, lease, wait);
+END
+$$;
+
+CREATE FUNCTION idem_partition.idem_complete_batch(keys text[], scope text DEFAULT '',
+                                                   attempts integer[] DEFAULT NULL, responses jsonb[] DEFAULT NULL,
+                                                   response_code integer DEFAULT 200, ttl interval DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    LOCK TABLE %1$s.idem_keys IN ROW EXCLUSIVE MODE;
+    PERFORM idem_partition.check_owner(scope);
+    RETURN %1$s.idem_complete_batch(keys, scope, attempts, responses, response_code, ttl);
 END
 $$;
 

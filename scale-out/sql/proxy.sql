@@ -113,6 +113,27 @@ RETURNS boolean LANGUAGE plproxy AS $$
     TARGET idem_partition.idem_forget;
 $$;
 
+-- Extension 1.3's batch calls: a batch has one scope, so one partition runs it whole.
+CREATE FUNCTION idem_claim_batch(keys text[], scope text DEFAULT '', requests jsonb[] DEFAULT NULL,
+                                 fingerprints bytea[] DEFAULT NULL, ttl interval DEFAULT NULL,
+                                 lease interval DEFAULT NULL, wait interval DEFAULT NULL)
+RETURNS TABLE (key text, outcome idem_outcome, inserted boolean, attempt integer, state idem_state,
+               response jsonb, response_code integer, retry_after_s integer, expires_at timestamptz)
+LANGUAGE plproxy AS $$
+    CLUSTER 'idempotency';
+    RUN ON idem_partition.route(scope);
+    TARGET idem_partition.idem_claim_batch;
+$$;
+
+CREATE FUNCTION idem_complete_batch(keys text[], scope text DEFAULT '', attempts integer[] DEFAULT NULL,
+                                    responses jsonb[] DEFAULT NULL, response_code integer DEFAULT 200,
+                                    ttl interval DEFAULT NULL)
+RETURNS bigint LANGUAGE plproxy AS $$
+    CLUSTER 'idempotency';
+    RUN ON idem_partition.route(scope);
+    TARGET idem_partition.idem_complete_batch;
+$$;
+
 CREATE FUNCTION idem_lookup(key text, scope text DEFAULT '')
 RETURNS idem_keys LANGUAGE plproxy AS $$
     CLUSTER 'idempotency';

@@ -358,3 +358,36 @@ def test_version_1_2_through_the_proxy(four):
         with pytest.raises(psycopg.Error) as error:
             px.execute("SELECT idem_extend('gone', 1, '1 min', scope => 'beta')")
         assert error.value.sqlstate == "IK003"
+
+
+def test_batches_through_the_proxy(four):
+    """Extension 1.3's batch calls: a batch runs whole on the partition that owns its scope, in
+    lease mode (each proxied call is its own transaction there)."""
+    with four.proxy.connect() as px:
+        p = four.partitions[owner(px, "queue-a")]
+        rows = px.execute("SELECT key, outcome, inserted, attempt FROM idem_claim_batch("
+                          " ARRAY['m3', 'm1', 'm2', 'm1'], 'queue-a', lease => '1 hour')").fetchall()
+        assert rows == [("m1", "claimed", True, 1), ("m2", "claimed", True, 1), ("m3", "claimed", True, 1)]
+        assert px.execute("SELECT key, outcome FROM idem_claim_batch(ARRAY['m1', 'm4'], 'queue-a', wait => '0')"
+                          ).fetchall() == [("m1", "in_progress"), ("m4", "claimed")]
+        # a stale attempt fails the whole completion: nothing finished
+        with pytest.raises(psycopg.Error) as error:
+            px.execute("SELECT idem_complete_batch(ARRAY['m1', 'm2'], 'queue-a', attempts => ARRAY[1, 7])")
+        assert error.value.sqlstate == "IK002"
+        assert px.execute("SELECT idem_complete_batch(ARRAY['m1', 'm2', 'm3'], 'queue-a',"
+                          " attempts => ARRAY[1, 1, 1], responses => ARRAY['{\"n\": 1}', NULL, NULL]::jsonb[])"
+                          ).fetchone() == (3,)
+        assert px.execute("SELECT key, outcome, state, response FROM idem_claim_batch(ARRAY['m2', 'm1'], 'queue-a')"
+                          ).fetchall() == [("m1", "replay", "succeeded", {"n": 1}), ("m2", "replay", "succeeded", None)]
+        assert rows_on(p, "scope = 'queue-a'") == [
+            ("queue-a", "m1", "succeeded", 1, {"n": 1}, 200), ("queue-a", "m2", "succeeded", 1, None, 200),
+            ("queue-a", "m3", "succeeded", 1, None, 200), ("queue-a", "m4", "pending", 1, None, None)]
+        # bad input keeps its SQLSTATE through the proxy
+        with pytest.raises(psycopg.Error) as error:
+            px.execute("SELECT * FROM idem_claim_batch(ARRAY['ok', NULL], 'queue-a')")
+        assert error.value.sqlstate == "22004"
+        # a partition refuses a batch of a scope it does not own
+        other = four.partitions[(owner(px, "queue-a") + 1) % 4]
+        with other.connect() as direct, pytest.raises(psycopg.Error) as error:
+            direct.execute("SELECT * FROM idem_partition.idem_claim_batch(ARRAY['x'], 'queue-a')")
+        assert error.value.sqlstate == "IK900"

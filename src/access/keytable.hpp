@@ -45,6 +45,13 @@ enum class Access
 bool keytable_open(KeyTable *kt, Access access, const char *caller);
 void keytable_close(KeyTable *kt);
 
+// Opens what writes need (the indexes, and executor state for indexes with expressions or
+// predicates) now, in the current memory context, rather than on the first write: a caller that
+// writes many keys in a short-lived context per key (a batch) calls this first. Between keys it
+// calls keytable_clear, which drops what the slots hold.
+void keytable_prepare_write(KeyTable *kt);
+void keytable_clear(KeyTable *kt);
+
 // Finds the newest version of (scope, key) that is or may become live, as INSERT ... ON CONFLICT's
 // pre-check does: SnapshotDirty over the primary key, waiting out any other transaction that is
 // inserting, updating or deleting it, then looking again. True with the version in kt->found.
@@ -72,9 +79,15 @@ void keytable_register_callbacks();
 // subtransaction); reads nothing.
 bool keytable_wrote_last(KeyTable *kt, Datum scope, Datum key);
 
-// keytable_find_latest for the key this transaction wrote last, without the index: true with
-// that version in kt->found when it is still the newest one (the common claim-then-complete in
-// one transaction); false means "use keytable_find_latest".
+// A batch of claims in key order: keytable_batch_begin before the first, keytable_batch_note after
+// each claim (it remembers where the key was written, if the claim wrote it), so that
+// keytable_find_own_last finds the batch's keys too (a batch completed in the same transaction).
+void keytable_batch_begin(KeyTable *kt, Datum scope, int nkeys);
+void keytable_batch_note(KeyTable *kt, Datum scope, Datum key);
+
+// keytable_find_latest for a key this transaction wrote last, or in its last batch of claims,
+// without the index: true with that version in kt->found when it is still the newest one (the
+// common claim-then-complete in one transaction); false means "use keytable_find_latest".
 bool keytable_find_own_last(KeyTable *kt, Datum scope, Datum key);
 
 // Finds (scope, key) as an MVCC snapshot sees it. True with the version in kt->found.

@@ -3,6 +3,10 @@
 #include "common/settings.hpp"
 #include "core/keystate.hpp"
 
+extern "C" {
+#include "utils/array.h"
+}
+
 namespace {
 
 using namespace idem;
@@ -18,11 +22,10 @@ reject_null(FunctionCallInfo fcinfo, int arg, const char *name)
 		                errmsg("argument \"%s\" must not be null", name)));
 }
 
-Datum
-key_arg(FunctionCallInfo fcinfo, int arg)
+// SPEC §4 for one key; `name` says which argument (or array element) it is.
+void
+check_key(text *key, const char *name)
 {
-	reject_null(fcinfo, arg, "key");
-	text *key = PG_GETARG_TEXT_PP(arg);
 	const unsigned char *bytes = (const unsigned char *) VARDATA_ANY(key);
 	int len = VARSIZE_ANY_EXHDR(key);
 	// The IETF Idempotency-Key header's characters: printable ASCII.
@@ -30,13 +33,21 @@ key_arg(FunctionCallInfo fcinfo, int arg)
 	{
 		if (bytes[i] < 0x20 || bytes[i] > 0x7E)
 			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-			                errmsg("argument \"key\" must contain only printable ASCII characters"),
+			                errmsg("%s must contain only printable ASCII characters", name),
 			                errdetail("Byte %d is 0x%02X.", i + 1, bytes[i])));
 	}
 	if (len < 1 || len > setting_max_key_length)
 		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-		                errmsg("argument \"key\" must be 1 to %d characters long", setting_max_key_length),
+		                errmsg("%s must be 1 to %d characters long", name, setting_max_key_length),
 		                errdetail("It is %d characters long.", len)));
+}
+
+Datum
+key_arg(FunctionCallInfo fcinfo, int arg)
+{
+	reject_null(fcinfo, arg, "key");
+	text *key = PG_GETARG_TEXT_PP(arg);
+	check_key(key, "argument \"key\"");
 	return PointerGetDatum(key);
 }
 
@@ -330,4 +341,207 @@ IDEM_SQL_FUNCTION(idem_reap)
 			                errmsg("argument \"max_rows\" must be at least 1")));
 	}
 	PG_RETURN_INT64(reap(max_rows));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batches (message consumers)
+
+namespace {
+
+// A one-dimensional array argument's elements (an empty array has none); NULL → 22004.
+struct ArrayArg
+{
+	int n;
+	int lower;     // the first element's subscript, for messages
+	Datum *value;
+	bool *isnull;
+};
+
+void
+array_arg(FunctionCallInfo fcinfo, int arg, const char *name, Oid element_type, ArrayArg *out)
+{
+	reject_null(fcinfo, arg, name);
+	ArrayType *array = PG_GETARG_ARRAYTYPE_P(arg);
+	if (ARR_NDIM(array) > 1)
+		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+		                errmsg("argument \"%s\" must be a one-dimensional array", name)));
+	int16 typlen;
+	bool typbyval;
+	char typalign;
+	get_typlenbyvalalign(element_type, &typlen, &typbyval, &typalign);
+	deconstruct_array(array, element_type, typlen, typbyval, typalign, &out->value, &out->isnull, &out->n);
+	out->lower = ARR_NDIM(array) == 1 ? ARR_LBOUND(array)[0] : 1;
+}
+
+// An optional per-key array: absent (NULL) or exactly one element per key.
+bool
+per_key_array_arg(FunctionCallInfo fcinfo, int arg, const char *name, Oid element_type,
+                  const ArrayArg *keys, ArrayArg *out)
+{
+	if (PG_ARGISNULL(arg))
+		return false;
+	array_arg(fcinfo, arg, name, element_type, out);
+	if (out->n != keys->n)
+		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+		                errmsg("argument \"%s\" must have one element per key", name),
+		                errdetail("\"keys\" has %d elements, \"%s\" has %d.", keys->n, name, out->n)));
+	return true;
+}
+
+// Every key checked (SPEC §4) before anything is read or written; an error names the element.
+void
+keys_arg(FunctionCallInfo fcinfo, int arg, ArrayArg *keys, int **position)
+{
+	array_arg(fcinfo, arg, "keys", TEXTOID, keys);
+	*position = (int *) palloc(sizeof(int) * Max(keys->n, 1));
+	for (int i = 0; i < keys->n; i++)
+	{
+		int subscript = keys->lower + i;
+		(*position)[i] = subscript;
+		if (keys->isnull[i])
+			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+			                errmsg("element %d of argument \"keys\" must not be null", subscript)));
+		text *key = DatumGetTextPP(keys->value[i]);
+		keys->value[i] = PointerGetDatum(key);
+		check_key(key, psprintf("element %d of argument \"keys\"", subscript));
+	}
+}
+
+struct BatchResult
+{
+	ReturnSetInfo *rsinfo;
+	const Datum *keys;
+	Oid outcome_label[(int) Outcome::count];
+};
+
+// One row of idem_claim_batch: (key, outcome, inserted, attempt, state, response, response_code,
+// retry_after_s, expires_at).
+void
+emit_claim_row(void *arg, int index, const ClaimOutput *out)
+{
+	BatchResult *result = static_cast<BatchResult *>(arg);
+	Datum values[9];
+	bool isnull[9] = {false, false, false, false, false, false, false, false, false};
+	values[0] = result->keys[index];
+	values[1] = ObjectIdGetDatum(result->outcome_label[(int) out->outcome]);
+	values[2] = BoolGetDatum(out->inserted);
+	values[3] = Int32GetDatum(out->attempt);
+	isnull[3] = out->unseen;
+	values[4] = out->state;
+	isnull[4] = out->unseen;
+	values[5] = out->response;
+	isnull[5] = out->response_null;
+	values[6] = Int32GetDatum(out->response_code);
+	isnull[6] = out->response_code_null;
+	values[7] = Int32GetDatum(out->retry_after_s);
+	isnull[7] = out->outcome != Outcome::in_progress;
+	values[8] = TimestampTzGetDatum(out->expires_at);
+	isnull[8] = out->unseen;
+	tuplestore_putvalues(result->rsinfo->setResult, result->rsinfo->setDesc, values, isnull);
+}
+
+constexpr int claim_batch_columns = 9;
+
+} // namespace
+
+// idem_claim_batch(keys, scope, requests, fingerprints, ttl, lease, wait)
+IDEM_SQL_FUNCTION(idem_claim_batch)
+{
+	ArrayArg keys;
+	BatchClaimInput in;
+	int *position;
+	keys_arg(fcinfo, 0, &keys, &position);
+	in.scope = scope_arg(fcinfo, 1);
+	ArrayArg requests;
+	in.request_null = nullptr;
+	in.requests = nullptr;
+	if (per_key_array_arg(fcinfo, 2, "requests", JSONBOID, &keys, &requests))
+	{
+		in.request_null = requests.isnull;
+		in.requests = requests.value;
+	}
+	ArrayArg fingerprints;
+	in.has_fingerprint = nullptr;
+	in.fingerprints = nullptr;
+	if (per_key_array_arg(fcinfo, 3, "fingerprints", BYTEAOID, &keys, &fingerprints))
+	{
+		bool *has = (bool *) palloc(sizeof(bool) * Max(keys.n, 1));
+		for (int i = 0; i < keys.n; i++)
+		{
+			has[i] = !fingerprints.isnull[i];
+			if (!has[i])
+				continue;
+			bytea *given = DatumGetByteaPP(fingerprints.value[i]);
+			fingerprints.value[i] = PointerGetDatum(given);
+			int len = VARSIZE_ANY_EXHDR(given);
+			if (len < 1 || len > max_fingerprint_bytes)
+				ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				                errmsg("element %d of argument \"fingerprints\" must be 1 to %d bytes long",
+				                       fingerprints.lower + i, max_fingerprint_bytes),
+				                errdetail("It is %d bytes long.", len)));
+		}
+		in.has_fingerprint = has;
+		in.fingerprints = fingerprints.value;
+	}
+	in.ttl = duration_arg(fcinfo, 4, "ttl");
+	in.lease = duration_arg(fcinfo, 5, "lease");
+	in.wait = wait_arg(fcinfo, 6);
+	in.nkeys = keys.n;
+	in.keys = keys.value;
+	in.position = position;
+
+	InitMaterializedSRF(fcinfo, 0);
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	if (rsinfo->setDesc->natts != claim_batch_columns)
+		elog(ERROR, "idempotency: idem_claim_batch must return %d columns", claim_batch_columns);
+	if (keys.n == 0)
+		return (Datum) 0;
+	BatchResult result;
+	result.rsinfo = rsinfo;
+	result.keys = keys.value;
+	outcome_labels(TupleDescAttr(rsinfo->setDesc, 1)->atttypid, result.outcome_label);
+	claim_batch(&in, emit_claim_row, &result);
+	return (Datum) 0;
+}
+
+// idem_complete_batch(keys, scope, attempts, responses, response_code, ttl)
+IDEM_SQL_FUNCTION(idem_complete_batch)
+{
+	ArrayArg keys;
+	BatchFinishInput in;
+	int *position;
+	keys_arg(fcinfo, 0, &keys, &position);
+	in.scope = scope_arg(fcinfo, 1);
+	ArrayArg attempts;
+	in.has_attempt = nullptr;
+	in.attempts = nullptr;
+	if (per_key_array_arg(fcinfo, 2, "attempts", INT4OID, &keys, &attempts))
+	{
+		bool *has = (bool *) palloc(sizeof(bool) * Max(keys.n, 1));
+		int32 *values = (int32 *) palloc(sizeof(int32) * Max(keys.n, 1));
+		for (int i = 0; i < keys.n; i++)
+		{
+			has[i] = !attempts.isnull[i];
+			values[i] = has[i] ? DatumGetInt32(attempts.value[i]) : 0;
+		}
+		in.has_attempt = has;
+		in.attempts = values;
+	}
+	ArrayArg responses;
+	in.response_null = nullptr;
+	in.responses = nullptr;
+	if (per_key_array_arg(fcinfo, 3, "responses", JSONBOID, &keys, &responses))
+	{
+		in.response_null = responses.isnull;
+		in.responses = responses.value;
+	}
+	reject_null(fcinfo, 4, "response_code");
+	in.response_code = PG_GETARG_INT32(4);
+	in.ttl = duration_arg(fcinfo, 5, "ttl");
+	in.nkeys = keys.n;
+	in.keys = keys.value;
+	in.position = position;
+	if (keys.n == 0)
+		PG_RETURN_INT64(0);
+	PG_RETURN_INT64(finish_batch(&in));
 }

@@ -819,6 +819,208 @@ claim(const ClaimInput *given, ClaimOutput *out)
 	waiter_end(&waiter);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Batches (message consumers)
+
+static int
+compare_text(Datum a, Datum b)
+{
+	text *x = DatumGetTextPP(a);
+	text *y = DatumGetTextPP(b);
+	int xlen = VARSIZE_ANY_EXHDR(x), ylen = VARSIZE_ANY_EXHDR(y);
+	int c = memcmp(VARDATA_ANY(x), VARDATA_ANY(y), Min(xlen, ylen));
+	return c != 0 ? c : (xlen > ylen) - (xlen < ylen);
+}
+
+static int
+compare_positions(const void *a, const void *b, void *arg)
+{
+	const Datum *keys = static_cast<const Datum *>(arg);
+	int i = *static_cast<const int *>(a), j = *static_cast<const int *>(b);
+	int c = compare_text(keys[i], keys[j]);
+	return c != 0 ? c : (i > j) - (i < j);
+}
+
+// The keys' indexes in the primary key's order (the key column's collation is "C": byte order),
+// equal keys by their place in the input. Every batch takes its keys in this one order, so two
+// batches that share keys meet on the first shared one, and neither can hold a key the other
+// waits for while waiting itself: no deadlock, whatever the order of the ids in each batch.
+static int *
+sorted_positions(int nkeys, const Datum *keys)
+{
+	int *order = (int *) palloc(sizeof(int) * Max(nkeys, 1));
+	for (int i = 0; i < nkeys; i++)
+		order[i] = i;
+	qsort_arg(order, nkeys, sizeof(int), compare_positions, const_cast<Datum *>(keys));
+	return order;
+}
+
+// Each key's fingerprint as idem_claim would store it: the one given, or the request's.
+static void
+batch_fingerprints(const Catalog *c, const BatchClaimInput *in, bool *has, Datum *fingerprint)
+{
+	for (int i = 0; i < in->nkeys; i++)
+	{
+		ClaimInput key_in;
+		key_in.scope = in->scope;
+		key_in.has_fingerprint = in->has_fingerprint != nullptr && in->has_fingerprint[i];
+		key_in.fingerprint = key_in.has_fingerprint ? in->fingerprints[i] : (Datum) 0;
+		bool has_request = in->request_null != nullptr && !in->request_null[i];
+		key_in.request = has_request ? DatumGetJsonbP(in->requests[i]) : nullptr;
+		fingerprint_request(c, &key_in);
+		has[i] = key_in.has_fingerprint;
+		fingerprint[i] = key_in.fingerprint;
+	}
+}
+
+// A key claimed in a short-lived memory context of its own (reset after each key), so that a
+// batch of any size needs the memory of one key at a time besides its results.
+static MemoryContext
+per_key_context()
+{
+	return AllocSetContextCreate(CurrentMemoryContext, "idempotency batch key", ALLOCSET_DEFAULT_SIZES);
+}
+
+void
+claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
+{
+	TimestampTz deadline = in->wait == nullptr ? 0 : add_interval(GetCurrentTimestamp(), in->wait);
+	int *order = sorted_positions(in->nkeys, in->keys);
+	KeyTable kt;
+	bool direct = keytable_open(&kt, Access::write, "idem_claim_batch()");
+	bool *has_fingerprint = (bool *) palloc(sizeof(bool) * Max(in->nkeys, 1));
+	Datum *fingerprint = (Datum *) palloc(sizeof(Datum) * Max(in->nkeys, 1));
+	batch_fingerprints(&kt.catalog, in, has_fingerprint, fingerprint);
+	// A message id repeated within the batch (a redelivery in the same poll) is one key, answered
+	// once; repeated with a different request it is refused before anything is written.
+	for (int s = 1; s < in->nkeys; s++)
+	{
+		int first = order[s - 1], next = order[s];
+		if (compare_text(in->keys[first], in->keys[next]) != 0)
+			continue;
+		bool distinct = has_fingerprint[first] != has_fingerprint[next] ||
+		                (has_fingerprint[first] && !bytea_equal(fingerprint[first], fingerprint[next]));
+		if (distinct)
+		{
+			stats_count(Counter::mismatches);
+			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_KEY_MISMATCH),
+			                errmsg("idempotency key \"%s\" appears twice in argument \"keys\" with different requests",
+			                       key_text(in->keys[next])),
+			                errdetail("keys[%d] and keys[%d] are the same key.", in->position[Min(first, next)],
+			                          in->position[Max(first, next)])));
+		}
+	}
+
+	if (direct)
+	{
+		keytable_prepare_write(&kt);
+		keytable_batch_begin(&kt, in->scope, in->nkeys);
+	}
+	MemoryContext key_cxt = per_key_context();
+	for (int s = 0; s < in->nkeys; s++)
+	{
+		int i = order[s];
+		if (s > 0 && compare_text(in->keys[order[s - 1]], in->keys[i]) == 0)
+			continue;
+		CHECK_FOR_INTERRUPTS();
+		MemoryContext caller_cxt = MemoryContextSwitchTo(key_cxt);
+		ClaimInput key_in;
+		key_in.scope = in->scope;
+		key_in.key = in->keys[i];
+		key_in.has_fingerprint = has_fingerprint[i];
+		key_in.fingerprint = fingerprint[i];
+		key_in.request = nullptr;
+		key_in.ttl = in->ttl;
+		key_in.lease = in->lease;
+		key_in.wait = in->wait;
+		stats_count(Counter::claims);
+		ClaimOutput out;
+		out.retry_after = nullptr;
+		out.retry_after_s = 0;
+		Waiter waiter;
+		waiter_begin(&waiter, nullptr, in->scope, in->keys[i]);
+		waiter.bounded = in->wait != nullptr;
+		waiter.deadline = deadline;
+		if (direct)
+		{
+			claim_direct(&kt, &key_in, &waiter, &out);
+			keytable_batch_note(&kt, in->scope, in->keys[i]);
+		}
+		else
+			claim_with_policies(&kt.catalog, &key_in, &waiter, &out);
+		waiter_end(&waiter);
+		emit(arg, i, &out);
+		if (direct)
+			keytable_clear(&kt);
+		MemoryContextSwitchTo(caller_cxt);
+		MemoryContextReset(key_cxt);
+	}
+	MemoryContextDelete(key_cxt);
+	if (direct)
+		keytable_close(&kt);
+	pfree(order);
+}
+
+int64
+finish_batch(const BatchFinishInput *in)
+{
+	int *order = sorted_positions(in->nkeys, in->keys);
+	// Each key the batch claimed is finished once: a repeated key is a mistake in the caller's
+	// list, refused before anything is written (its second finish would be IK004).
+	for (int s = 1; s < in->nkeys; s++)
+	{
+		int first = order[s - 1], next = order[s];
+		if (compare_text(in->keys[first], in->keys[next]) == 0)
+			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			                errmsg("argument \"keys\" repeats idempotency key \"%s\"", key_text(in->keys[next])),
+			                errdetail("keys[%d] and keys[%d] are the same key.", in->position[Min(first, next)],
+			                          in->position[Max(first, next)])));
+	}
+
+	KeyTable kt;
+	bool direct = keytable_open(&kt, Access::write, "idem_complete_batch()");
+	if (direct)
+		keytable_prepare_write(&kt);
+	MemoryContext key_cxt = per_key_context();
+	for (int s = 0; s < in->nkeys; s++)
+	{
+		int i = order[s];
+		CHECK_FOR_INTERRUPTS();
+		MemoryContext caller_cxt = MemoryContextSwitchTo(key_cxt);
+		FinishInput key_in;
+		key_in.scope = in->scope;
+		key_in.key = in->keys[i];
+		key_in.to = STATE_SUCCEEDED;
+		key_in.response_null = in->response_null == nullptr || in->response_null[i];
+		key_in.response = key_in.response_null ? (Datum) 0 : in->responses[i];
+		key_in.response_code = in->response_code;
+		key_in.retryable = false;
+		key_in.has_attempt = in->has_attempt != nullptr && in->has_attempt[i];
+		key_in.attempt = key_in.has_attempt ? in->attempts[i] : 0;
+		key_in.ttl = in->ttl;
+		key_in.body_null = true;
+		key_in.body = (Datum) 0;
+		key_in.headers_null = true;
+		key_in.headers = (Datum) 0;
+		auto change = [&](KeyRow *row) { finish_row(&kt.catalog, &key_in, row); };
+		if (direct)
+			(void) update_direct(&kt, key_in.scope, key_in.key, change);
+		else
+			(void) update_with_policies(&kt.catalog, key_in.scope, key_in.key, change);
+		stats_count(Counter::completes);
+		wake_at_commit(key_in.scope, key_in.key);
+		if (direct)
+			keytable_clear(&kt);
+		MemoryContextSwitchTo(caller_cxt);
+		MemoryContextReset(key_cxt);
+	}
+	MemoryContextDelete(key_cxt);
+	if (direct)
+		keytable_close(&kt);
+	pfree(order);
+	return in->nkeys;
+}
+
 Datum
 finish(const FinishInput *in)
 {

@@ -53,6 +53,29 @@ struct ClaimOutput
 
 void claim(const ClaimInput *in, ClaimOutput *out);
 
+// idem_claim_batch: many keys of one scope, each claimed by the rules of claim(). Keys arrive
+// validated; `position` is what error messages call each one (its array subscript).
+struct BatchClaimInput
+{
+	Datum scope;
+	int nkeys;
+	const Datum *keys;            // text
+	const int *position;
+	const bool *has_fingerprint;  // nullptr: none given
+	const Datum *fingerprints;    // bytea
+	const bool *request_null;     // nullptr: no requests; fingerprinted where no fingerprint is given
+	const Datum *requests;        // jsonb
+	const Interval *ttl;
+	const Interval *lease;
+	const Interval *wait;         // bounds the whole call, not each key
+};
+
+// Called once per distinct key, in the order the keys are claimed, with the key's index in the
+// input. `out` lives only during the call.
+using BatchEmit = void (*)(void *arg, int index, const ClaimOutput *out);
+
+void claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg);
+
 // from + interval, which must be after `from` and at most 100 years later (22023 naming the
 // argument otherwise). Checked against the real calendar: '-1 year 361 days' compares as positive
 // (a month counts 30 days in interval comparison) yet ends in the past.
@@ -78,6 +101,25 @@ struct FinishInput
 
 // Returns the finished row as a composite datum of idem_keys' row type.
 Datum finish(const FinishInput *in);
+
+// idem_complete_batch: finishes each key as finish() does (succeeded), all or nothing: the first
+// key that cannot be finished raises, and the statement's error undoes the others.
+struct BatchFinishInput
+{
+	Datum scope;
+	int nkeys;
+	const Datum *keys;            // text
+	const int *position;
+	const bool *has_attempt;      // nullptr: no fencing
+	const int32 *attempts;
+	const bool *response_null;    // nullptr: no responses
+	const Datum *responses;       // jsonb
+	int32 response_code;
+	const Interval *ttl;
+};
+
+// Returns the number of keys finished.
+int64 finish_batch(const BatchFinishInput *in);
 
 // idem_extend (lease given) and idem_release (lease nullptr): the owner's new lease end.
 struct LeaseInput
