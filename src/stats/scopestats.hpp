@@ -14,7 +14,8 @@ enum class Counter;
 // shared_preload_libraries only: ask for the shared memory and install the startup hook.
 void scope_stats_request_shmem();
 
-// One more `c` in the current database's entry for `scope` (a text datum), created when missing.
+// One more `c` in the current database's entry for `scope` (a text datum), created when missing;
+// a claim's answer (inserted, takeovers, replays, in_progress, mismatches) also counts the claim.
 void scope_stats_count(Counter c, Datum scope);
 
 // An attempt of `scope` finished (complete, fail or release: `c`) `elapsed_us` after its claim.

@@ -223,7 +223,8 @@ stats_count(Counter c, Datum scope)
 	if (b == nullptr)
 		return;
 	add_own(b, c, 1);
-	if (setting_track)
+	// Per scope, a claim is counted with its answer, in the same lookup (scope_stats_count).
+	if (setting_track && c != Counter::claims)
 		scope_stats_count(c, scope);
 }
 

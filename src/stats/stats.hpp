@@ -35,7 +35,8 @@ constexpr int scope_counter_count = static_cast<int>(Counter::expired) + 1;
 void stats_request_shmem();
 
 // One more `c` for this database and for its entry of `scope` (a text datum) in idem_scope_stats
-// (no-op without shared memory or a free slot).
+// (no-op without shared memory or a free slot). Per scope, Counter::claims is counted with the
+// claim's answer instead (scope_stats_count).
 void stats_count(Counter c, Datum scope);
 
 // An attempt of `scope` finished (Counter::completes, fails or releases; counted as stats_count
