@@ -50,7 +50,7 @@ sql(q{BEGIN;
       SELECT idem_complete_batch(ARRAY['b-3', 'b-1', 'b-2'], 'batch');
       COMMIT});
 is(sql(q{SELECT concat_ws(',', claims, inserted, replays, completes, p50_ms IS NOT NULL)
-         FROM idem_scope_stats WHERE scope = 'batch'}), '4,3,1,3,true',
+         FROM idem_scope_stats WHERE scope = 'batch'}), '4,3,1,3,t',
 	'a batch of 4 distinct keys (one finished before): 4 claims, 3 inserted, 1 replay, 3 completes with their work times');
 sql(q{SELECT idem_scope_stats_reset()});
 
