@@ -4,6 +4,7 @@
 #include "common/pg.hpp"
 #include "common/settings.hpp"
 #include "core/wait.hpp"
+#include "stats/scopestats.hpp"
 #include "stats/stats.hpp"
 #include "worker/worker.hpp"
 
@@ -22,10 +23,11 @@ _PG_init(void)
 	idem::catalog_register_invalidation();
 	idem::keytable_register_callbacks();
 	idem::wait_register_callbacks();
-	// Shared memory (idem_stats, waking waiting claims) and the background reaper exist only when preloaded.
+	// Shared memory (idem_stats, idem_scope_stats, waking waiting claims) and the background reaper exist only when preloaded.
 	if (process_shared_preload_libraries_in_progress)
 	{
 		idem::stats_request_shmem();
+		idem::scope_stats_request_shmem();
 		idem::wait_request_shmem();
 		idem::worker_register();
 	}

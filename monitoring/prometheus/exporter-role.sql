@@ -3,6 +3,8 @@
 -- a scope (tenant), key, fingerprint or response. No pg_monitor, no write, no idem_stats_reset().
 -- Run it as a superuser in every database that has the extension and is scraped:
 --   psql -d app -f exporter-role.sql
+-- Per-scope series (idem_scope_stats) carry scope names as labels, which can name tenants: only
+-- with -v per_scope=on does the role get SELECT on idem_keys.scope, which lets it see them.
 -- then let the role log in (pg_hba.conf: peer over the unix socket for the exporter's system
 -- user, or scram-sha-256 after ALTER ROLE idempotency_exporter PASSWORD '...').
 DO $$
@@ -34,3 +36,14 @@ BEGIN
                               pg_catalog.current_database(), extschema);
 END
 $$;
+
+\if :{?per_scope}
+\else
+\set per_scope off
+\endif
+\if :per_scope
+SELECT pg_catalog.format('GRANT SELECT (scope) ON %I.idem_keys TO idempotency_exporter', n.nspname)
+  FROM pg_catalog.pg_extension AS e JOIN pg_catalog.pg_namespace AS n ON n.oid = e.extnamespace
+ WHERE e.extname = 'idempotency'
+\gexec
+\endif

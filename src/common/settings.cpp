@@ -14,6 +14,8 @@ bool setting_reaper_enabled = true;
 int setting_reaper_naptime_s = 60;
 char *setting_reaper_databases = nullptr;
 int setting_reaper_log_level = LOG;
+bool setting_track = true;
+int setting_track_scopes = 1000;
 
 static const struct config_enum_entry reaper_log_levels[] = {
 	{"debug5", DEBUG5, false}, {"debug4", DEBUG4, false}, {"debug3", DEBUG3, false},
@@ -63,6 +65,18 @@ define_settings()
 	                         "Passes that delete nothing are reported at DEBUG1.",
 	                         &setting_reaper_log_level, setting_reaper_log_level, reaper_log_levels,
 	                         PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+	// superuser: a role must not be able to hide its own claims from the statistics
+	DefineCustomBoolVariable("idempotency.track",
+	                         "Whether per-scope statistics (idem_scope_stats) are collected.",
+	                         "Needs shared_preload_libraries = 'idempotency'.", &setting_track,
+	                         setting_track, PGC_SUSET, 0, nullptr, nullptr, nullptr);
+	// Sizes shared memory, so exists only when preloaded (a later load could not define it).
+	if (process_shared_preload_libraries_in_progress)
+		DefineCustomIntVariable("idempotency.track_scopes",
+		                        "Most (database, scope) entries kept by idem_scope_stats.",
+		                        "The least used entries are evicted beyond it.", &setting_track_scopes,
+		                        setting_track_scopes, 10, 100000, PGC_POSTMASTER, 0, nullptr,
+		                        nullptr, nullptr);
 	MarkGUCPrefixReserved("idempotency");
 }
 

@@ -11,6 +11,8 @@ extern bool setting_reaper_enabled;    // idempotency.reaper_enabled
 extern int setting_reaper_naptime_s;  // idempotency.reaper_naptime, seconds
 extern char *setting_reaper_databases; // idempotency.reaper_databases, '' = all
 extern int setting_reaper_log_level;  // idempotency.reaper_log_level, an elevel
+extern bool setting_track;             // idempotency.track: per-scope statistics
+extern int setting_track_scopes;      // idempotency.track_scopes, entries
 
 void define_settings();
 

@@ -6,6 +6,7 @@
 #include "common/fingerprint.hpp"
 #include "common/settings.hpp"
 #include "core/wait.hpp"
+#include "stats/scopestats.hpp"
 #include "stats/stats.hpp"
 
 namespace idem {
@@ -219,13 +220,14 @@ decide(const Catalog *c, const KeyRow *row, const ClaimInput *in, bool own, Time
 	// is still its own, whatever the clock says (a re-entrant claim answers what it wrote).
 	if (!own && expired(c, row, now))
 		return Step::expired;
-	bool mismatch = fingerprints_distinct(c, row, in);
-	stats_count(Counter::mismatches, mismatch);
-	if (mismatch)
+	if (fingerprints_distinct(c, row, in))
+	{
+		stats_count(Counter::mismatches, in->scope);
 		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_KEY_MISMATCH),
 		                errmsg("idempotency key \"%s\" was already used with a different request",
 		                       key_text(in->key)),
 		                errhint("Use a new idempotency key for a different request.")));
+	}
 	// The owner is the owner, whatever the clock says.
 	if (own)
 		return Step::owned;
@@ -269,16 +271,17 @@ answer(const Catalog *c, Outcome outcome, bool inserted, const KeyRow *row, Clai
 	out->inserted = inserted;
 	out->unseen = false;
 	set_result_row(c, row, out);
+	Datum scope = row->value[COL_SCOPE];
 	switch (outcome)
 	{
 		case Outcome::claimed:
-			stats_count(inserted ? Counter::inserted : Counter::takeovers);
+			stats_count(inserted ? Counter::inserted : Counter::takeovers, scope);
 			break;
 		case Outcome::replay:
-			stats_count(Counter::replays);
+			stats_count(Counter::replays, scope);
 			break;
 		case Outcome::in_progress:
-			stats_count(Counter::in_progress);
+			stats_count(Counter::in_progress, scope);
 			break;
 		case Outcome::count:
 			break;
@@ -286,14 +289,29 @@ answer(const Catalog *c, Outcome outcome, bool inserted, const KeyRow *row, Clai
 }
 
 // SPEC §9.5: whole seconds after which a retry of an in_progress key is useful, at least 1 and at
-// most the lease left, rounded up. The one place for that estimate: until per-scope statistics
-// know how long the scope's claims take to finish, it is the lease left.
+// most the lease left, rounded up. The one place for that estimate. Once the scope's statistics
+// know how long its attempts take (scope_stats_work_times), the attempt is expected to end at its
+// claimed_at + the scope's p90; past that, at claimed_at + p99; past both, nothing better than
+// the lease's end is known. Until then (or with idempotency.track off, or without preload): the
+// lease left.
 static int32
-retry_after_seconds(TimestampTz locked_until, TimestampTz now)
+retry_after_seconds(const KeyRow *row, TimestampTz now)
 {
+	TimestampTz locked_until = DatumGetTimestampTz(row->value[COL_LOCKED_UNTIL]);
 	int64 left = locked_until - now; // > 0: the lease is live
-	int64 seconds = (left + USECS_PER_SEC - 1) / USECS_PER_SEC;
-	return (int32) Max(INT64CONST(1), Min(seconds, (int64) PG_INT32_MAX));
+	int64 wait = left;
+	int64 p90, p99;
+	if (!row->isnull[COL_CLAIMED_AT] && scope_stats_work_times(row->value[COL_SCOPE], &p90, &p99))
+	{
+		TimestampTz claimed_at = DatumGetTimestampTz(row->value[COL_CLAIMED_AT]);
+		TimestampTz end = claimed_at + p90 > now ? claimed_at + p90
+		                  : claimed_at + p99 > now ? claimed_at + p99
+		                                           : locked_until;
+		wait = Min(end - now, left);
+	}
+	int64 left_s = (left + USECS_PER_SEC - 1) / USECS_PER_SEC;
+	int64 seconds = (wait + USECS_PER_SEC - 1) / USECS_PER_SEC;
+	return (int32) Max(INT64CONST(1), Min(Min(seconds, left_s), (int64) PG_INT32_MAX));
 }
 
 // The outcome of a step that writes nothing.
@@ -304,8 +322,7 @@ answer_read(const Catalog *c, Step step, const KeyRow *row, TimestampTz now, Cla
 	{
 		out->retry_after = DatumGetIntervalP(
 		    DirectFunctionCall2(timestamp_mi, row->value[COL_LOCKED_UNTIL], TimestampTzGetDatum(now)));
-		out->retry_after_s =
-		    retry_after_seconds(DatumGetTimestampTz(row->value[COL_LOCKED_UNTIL]), now);
+		out->retry_after_s = retry_after_seconds(row, now);
 		answer(c, Outcome::in_progress, false, row, out);
 	}
 	else if (step == Step::owned && row_in_state(c, row, STATE_PENDING))
@@ -324,7 +341,7 @@ answer_read(const Catalog *c, Step step, const KeyRow *row, TimestampTz now, Cla
 // show. A retry is useful as soon as that transaction ends, which no lease bounds: the least
 // retry_after_s (SPEC §9.5).
 static void
-answer_unseen(ClaimOutput *out)
+answer_unseen(Datum scope, ClaimOutput *out)
 {
 	out->outcome = Outcome::in_progress;
 	out->inserted = false;
@@ -342,7 +359,7 @@ answer_unseen(ClaimOutput *out)
 	out->response_body = (Datum) 0;
 	out->response_headers_null = true;
 	out->response_headers = (Datum) 0;
-	stats_count(Counter::in_progress);
+	stats_count(Counter::in_progress, scope);
 }
 
 static const char *
@@ -498,7 +515,7 @@ claim_direct(KeyTable *kt, const ClaimInput *in, Waiter *waiter, ClaimOutput *ou
 		Found found = insert_first ? Found::none : find_for_claim(kt, in, waiter);
 		if (found == Found::busy)
 		{
-			answer_unseen(out);
+			answer_unseen(in->scope, out);
 			return;
 		}
 		if (found == Found::none)
@@ -540,7 +557,7 @@ claim_direct(KeyTable *kt, const ClaimInput *in, Waiter *waiter, ClaimOutput *ou
 		TM_Result result;
 		if (!write_takeover(kt, &row, waiter, &result))
 		{
-			answer_unseen(out);
+			answer_unseen(in->scope, out);
 			return;
 		}
 		if (result != TM_Ok)
@@ -549,6 +566,8 @@ claim_direct(KeyTable *kt, const ClaimInput *in, Waiter *waiter, ClaimOutput *ou
 			continue; // changed since we read it: decide again on the new version
 		}
 		CommandCounterIncrement();
+		if (step == Step::expired)
+			stats_count(Counter::expired, in->scope);
 		answer(c, Outcome::claimed, step == Step::expired, &row, out);
 		return;
 	}
@@ -679,7 +698,7 @@ claim_with_policies(const Catalog *c, const ClaimInput *in, Waiter *waiter, Clai
 		// Another transaction's write of the key is waited for here, where the wait can be bounded.
 		if (waiter->bounded && keytable_probe_until(c, in->scope, in->key, waiter->deadline) == Found::busy)
 		{
-			answer_unseen(out);
+			answer_unseen(in->scope, out);
 			break;
 		}
 		KeyRow row, stored;
@@ -688,7 +707,7 @@ claim_with_policies(const Catalog *c, const ClaimInput *in, Waiter *waiter, Clai
 		auto insert = [&] { inserted = policy_insert(&ps, &row, &stored, nullptr); };
 		if (!write_with_policies(waiter, insert))
 		{
-			answer_unseen(out);
+			answer_unseen(in->scope, out);
 			break;
 		}
 		if (inserted)
@@ -726,11 +745,13 @@ claim_with_policies(const Catalog *c, const ClaimInput *in, Waiter *waiter, Clai
 		auto update = [&] { written = policy_update(&ps, &stored, &row, &updated, nullptr); };
 		if (!write_with_policies(waiter, update))
 		{
-			answer_unseen(out);
+			answer_unseen(in->scope, out);
 			break;
 		}
 		if (written)
 		{
+			if (step == Step::expired)
+				stats_count(Counter::expired, in->scope);
 			answer(c, Outcome::claimed, step == Step::expired, &updated, out);
 			break;
 		}
@@ -798,7 +819,7 @@ fingerprint_request(const Catalog *c, ClaimInput *in)
 void
 claim(const ClaimInput *given, ClaimOutput *out)
 {
-	stats_count(Counter::claims);
+	stats_count(Counter::claims, given->scope);
 	out->retry_after = nullptr;
 	out->retry_after_s = 0;
 	ClaimInput in = *given;
@@ -817,6 +838,14 @@ claim(const ClaimInput *given, ClaimOutput *out)
 		claim_with_policies(&kt.catalog, &in, &waiter, out);
 	}
 	waiter_end(&waiter);
+}
+
+// When the attempt on the row was claimed, for its claim-to-finish time (0: not recorded, a key
+// claimed before 1.2).
+static TimestampTz
+attempt_claimed_at(const KeyRow *row)
+{
+	return row->isnull[COL_CLAIMED_AT] ? 0 : DatumGetTimestampTz(row->value[COL_CLAIMED_AT]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -902,7 +931,7 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 		                (has_fingerprint[first] && !bytea_equal(fingerprint[first], fingerprint[next]));
 		if (distinct)
 		{
-			stats_count(Counter::mismatches);
+			stats_count(Counter::mismatches, in->scope);
 			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_IDEM_KEY_MISMATCH),
 			                errmsg("idempotency key \"%s\" appears twice in argument \"keys\" with different requests",
 			                       key_text(in->keys[next])),
@@ -933,7 +962,7 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 		key_in.ttl = in->ttl;
 		key_in.lease = in->lease;
 		key_in.wait = in->wait;
-		stats_count(Counter::claims);
+		stats_count(Counter::claims, in->scope);
 		ClaimOutput out;
 		out.retry_after = nullptr;
 		out.retry_after_s = 0;
@@ -1002,12 +1031,16 @@ finish_batch(const BatchFinishInput *in)
 		key_in.body = (Datum) 0;
 		key_in.headers_null = true;
 		key_in.headers = (Datum) 0;
-		auto change = [&](KeyRow *row) { finish_row(&kt.catalog, &key_in, row); };
+		TimestampTz claimed_at = 0;
+		auto change = [&](KeyRow *row) {
+			claimed_at = attempt_claimed_at(row);
+			finish_row(&kt.catalog, &key_in, row);
+		};
 		if (direct)
 			(void) update_direct(&kt, key_in.scope, key_in.key, change);
 		else
 			(void) update_with_policies(&kt.catalog, key_in.scope, key_in.key, change);
-		stats_count(Counter::completes);
+		stats_finished(Counter::completes, key_in.scope, claimed_at);
 		wake_at_commit(key_in.scope, key_in.key);
 		if (direct)
 			keytable_clear(&kt);
@@ -1027,16 +1060,19 @@ finish(const FinishInput *in)
 	const char *caller = in->to == STATE_SUCCEEDED ? "idem_complete()" : "idem_fail()";
 	KeyTable kt;
 	Datum finished;
+	TimestampTz claimed_at = 0;
+	auto change = [&](KeyRow *row) {
+		claimed_at = attempt_claimed_at(row);
+		finish_row(&kt.catalog, in, row);
+	};
 	if (keytable_open(&kt, Access::write, caller))
 	{
-		finished = update_direct(&kt, in->scope, in->key,
-		                         [&](KeyRow *row) { finish_row(&kt.catalog, in, row); });
+		finished = update_direct(&kt, in->scope, in->key, change);
 		keytable_close(&kt);
 	}
 	else
-		finished = update_with_policies(&kt.catalog, in->scope, in->key,
-		                                [&](KeyRow *row) { finish_row(&kt.catalog, in, row); });
-	stats_count(in->to == STATE_SUCCEEDED ? Counter::completes : Counter::fails);
+		finished = update_with_policies(&kt.catalog, in->scope, in->key, change);
+	stats_finished(in->to == STATE_SUCCEEDED ? Counter::completes : Counter::fails, in->scope, claimed_at);
 	wake_at_commit(in->scope, in->key);
 	return finished;
 }
@@ -1047,18 +1083,25 @@ set_lease(const LeaseInput *in)
 	const char *caller = in->lease != nullptr ? "idem_extend()" : "idem_release()";
 	KeyTable kt;
 	Datum written;
+	TimestampTz claimed_at = 0;
+	auto change = [&](KeyRow *row) {
+		claimed_at = attempt_claimed_at(row);
+		lease_row(&kt.catalog, in, row);
+	};
 	if (keytable_open(&kt, Access::update, caller))
 	{
-		written = update_direct(&kt, in->scope, in->key,
-		                        [&](KeyRow *row) { lease_row(&kt.catalog, in, row); });
+		written = update_direct(&kt, in->scope, in->key, change);
 		keytable_close(&kt);
 	}
 	else
-		written = update_with_policies(&kt.catalog, in->scope, in->key,
-		                               [&](KeyRow *row) { lease_row(&kt.catalog, in, row); });
-	// A released key is free now; an extended one only keeps its waiters waiting longer.
+		written = update_with_policies(&kt.catalog, in->scope, in->key, change);
+	// A released key is free now, and its attempt over; an extended one only keeps its waiters
+	// waiting longer.
 	if (in->lease == nullptr)
+	{
+		stats_finished(Counter::releases, in->scope, claimed_at);
 		wake_at_commit(in->scope, in->key);
+	}
 	return written;
 }
 

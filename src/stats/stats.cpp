@@ -1,6 +1,8 @@
 #include "stats/stats.hpp"
 
 #include "common/guard.hpp"
+#include "common/settings.hpp"
+#include "stats/scopestats.hpp"
 
 extern "C" {
 #include "port/atomics.h"
@@ -215,13 +217,40 @@ add_own(BackendSlot *b, Counter c, uint64 n)
 }
 
 void
-stats_count(Counter c, uint64 n)
+stats_count(Counter c, Datum scope)
 {
-	if (n == 0)
-		return;
 	BackendSlot *b = my_backend_slot();
-	if (b != nullptr)
-		add_own(b, c, n);
+	if (b == nullptr)
+		return;
+	add_own(b, c, 1);
+	// Per scope, a claim is counted with its answer, in the same lookup (scope_stats_count).
+	if (setting_track && c != Counter::claims)
+		scope_stats_count(c, scope);
+}
+
+void
+stats_finished(Counter c, Datum scope, TimestampTz claimed_at)
+{
+	BackendSlot *b = my_backend_slot();
+	if (b == nullptr)
+		return;
+	add_own(b, c, 1);
+	if (!setting_track)
+		return;
+	if (claimed_at == 0)
+		scope_stats_count(c, scope);
+	else
+		scope_stats_finished(c, scope, Max(INT64CONST(0), GetCurrentTimestamp() - claimed_at));
+}
+
+void
+stats_dealloc(Oid dboid, uint64 n)
+{
+	// Evictions happen in whichever backend needs room, for any database's entries: counted
+	// with the exited backends' counts, which are shared and atomic.
+	DbSlot *s = find_slot(dboid, true);
+	if (s != nullptr)
+		pg_atomic_fetch_add_u64(&s->exited.value[static_cast<int>(Counter::dealloc)], n);
 }
 
 void
@@ -284,6 +313,28 @@ stats_reaper_pid(Oid dboid)
 
 using namespace idem;
 
+// The counters of idem_stats, in its column order; then last_reap_at and stats_reset.
+static constexpr Counter idem_stats_counters[] = {
+	Counter::claims,    Counter::inserted, Counter::replays, Counter::in_progress,
+	Counter::takeovers, Counter::mismatches, Counter::completes, Counter::fails,
+	Counter::reaped,    Counter::reaper_runs};
+static constexpr int idem_stats_columns = lengthof(idem_stats_counters) + 2;
+
+// This database's counters since the last reset (false without a slot).
+static bool
+database_counts(uint64 total[num_counters])
+{
+	DbSlot *s = my_database_slot();
+	if (s == nullptr)
+		return false;
+	LWLockAcquire(shared->lock, LW_SHARED);
+	sum_counters(s, total);
+	for (int c = 0; c < num_counters; c++)
+		total[c] -= pg_atomic_read_u64(&s->at_reset.value[c]);
+	LWLockRelease(shared->lock);
+	return true;
+}
+
 // idem_stats_get(): the row of the idem_stats view for the current database.
 IDEM_SQL_FUNCTION(idem_stats_get)
 {
@@ -292,35 +343,37 @@ IDEM_SQL_FUNCTION(idem_stats_get)
 		ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 		                errmsg("function returning record called in context that cannot accept type record")));
 	desc = BlessTupleDesc(desc);
-	if (desc->natts != num_counters + 2)
-		elog(ERROR, "idempotency: idem_stats_get() must return %d columns", num_counters + 2);
+	if (desc->natts != idem_stats_columns)
+		elog(ERROR, "idempotency: idem_stats_get() must return %d columns", idem_stats_columns);
 
-	Datum values[num_counters + 2];
-	bool nulls[num_counters + 2];
-	DbSlot *s = my_database_slot();
+	Datum values[idem_stats_columns];
+	bool nulls[idem_stats_columns];
 	uint64 total[num_counters];
-	if (s != nullptr)
+	bool counted = database_counts(total);
+	DbSlot *s = my_database_slot();
+	int col = 0;
+	for (Counter c : idem_stats_counters)
 	{
-		LWLockAcquire(shared->lock, LW_SHARED);
-		sum_counters(s, total);
-		for (int c = 0; c < num_counters; c++)
-			total[c] -= pg_atomic_read_u64(&s->at_reset.value[c]);
-		LWLockRelease(shared->lock);
-	}
-	for (int c = 0; c < num_counters; c++)
-	{
-		nulls[c] = (s == nullptr);
-		values[c] = s == nullptr ? (Datum) 0 : Int64GetDatum(static_cast<int64>(total[c]));
+		nulls[col] = !counted;
+		values[col++] = counted ? Int64GetDatum(static_cast<int64>(total[static_cast<int>(c)])) : (Datum) 0;
 	}
 	uint64 times[2] = {s == nullptr ? no_time : pg_atomic_read_u64(&s->last_reap_at),
 	                   s == nullptr ? no_time : pg_atomic_read_u64(&s->stats_reset)};
-	for (int i = 0; i < 2; i++)
+	for (uint64 t : times)
 	{
-		nulls[num_counters + i] = (times[i] == no_time);
-		values[num_counters + i] =
-		    times[i] == no_time ? (Datum) 0 : TimestampTzGetDatum(static_cast<TimestampTz>(times[i]));
+		nulls[col] = (t == no_time);
+		values[col++] = t == no_time ? (Datum) 0 : TimestampTzGetDatum(static_cast<TimestampTz>(t));
 	}
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(desc, values, nulls)));
+}
+
+// idem_stats_dealloc(): idem_stats' dealloc column (1.3), NULL without shared memory.
+IDEM_SQL_FUNCTION(idem_stats_dealloc)
+{
+	uint64 total[num_counters];
+	if (!database_counts(total))
+		PG_RETURN_NULL();
+	PG_RETURN_INT64(static_cast<int64>(total[static_cast<int>(Counter::dealloc)]));
 }
 
 // idem_stats_reset(): zero this database's counters (nothing to do without shared memory).

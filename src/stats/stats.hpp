@@ -20,16 +20,31 @@ enum class Counter
 	mismatches,  // claims refused with IK001
 	completes,   // idem_complete calls that finished a key
 	fails,       // idem_fail calls that finished a key
+	releases,    // idem_release calls that ended a lease
+	expired,     // claims that found their key expired and claimed it anew (also `inserted`)
 	reaped,      // keys deleted by a reap (idem_reap, idem_reap_all, the background reaper)
 	reaper_runs, // reap batches run
+	dealloc,     // idem_scope_stats entries of the database evicted to make room
 	count
 };
+
+// The counters idem_scope_stats keeps per scope: claims to expired.
+constexpr int scope_counter_count = static_cast<int>(Counter::expired) + 1;
 
 // shared_preload_libraries only: ask for the shared memory and install the startup hook.
 void stats_request_shmem();
 
-// Adds n to this database's counter (no-op without shared memory or a free slot).
-void stats_count(Counter c, uint64 n = 1);
+// One more `c` for this database and for its entry of `scope` (a text datum) in idem_scope_stats
+// (no-op without shared memory or a free slot). Per scope, Counter::claims is counted with the
+// claim's answer instead (scope_stats_count).
+void stats_count(Counter c, Datum scope);
+
+// An attempt of `scope` finished (Counter::completes, fails or releases; counted as stats_count
+// does), claimed at `claimed_at` (0: unknown, then only counted).
+void stats_finished(Counter c, Datum scope, TimestampTz claimed_at);
+
+// n entries of database `dboid` were evicted from idem_scope_stats.
+void stats_dealloc(Oid dboid, uint64 n);
 
 // One reap batch ran and deleted n keys: reaped += n, reaper_runs += 1, last_reap_at = now.
 void stats_reaped(int64 n);

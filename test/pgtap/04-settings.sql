@@ -18,12 +18,15 @@ SELECT results_eq(
     $$SELECT name::text, vartype::text, coalesce(unit, '')::text, context::text, boot_val::text
         FROM pg_settings
        WHERE name IN ('idempotency.default_ttl', 'idempotency.default_lease',
-                      'idempotency.max_key_length', 'idempotency.reaper_batch_size')
+                      'idempotency.max_key_length', 'idempotency.reaper_batch_size',
+                      'idempotency.track', 'idempotency.track_scopes')
        ORDER BY name$$,
     $$VALUES ('idempotency.default_lease',     'integer', 'ms', 'user',      '60000'),
              ('idempotency.default_ttl',       'integer', 's',  'user',      '86400'),
              ('idempotency.max_key_length',    'integer', '',   'superuser', '255'),
-             ('idempotency.reaper_batch_size', 'integer', '',   'sighup',    '1000')$$,
+             ('idempotency.reaper_batch_size', 'integer', '',   'sighup',    '1000'),
+             ('idempotency.track',             'bool',    '',   'superuser', 'on'),
+             ('idempotency.track_scopes',      'integer', '',   'postmaster', '1000')$$,
     'type, unit, context and built-in default of each setting');
 SELECT is((SELECT min_val || '..' || max_val FROM pg_settings WHERE name = 'idempotency.max_key_length'),
           '1..2000', 'idempotency.max_key_length ranges over 1..2000');

@@ -5,7 +5,7 @@
 -- without table grants each one raises 42501; idem_stats_reset is not executable by PUBLIC).
 -- Each try runs in a subtransaction that is rolled back, so the tries do not affect each other.
 BEGIN;
-SELECT plan(77);
+SELECT plan(79);
 
 CREATE ROLE regress_idem_x;
 DO $$
@@ -134,8 +134,8 @@ SELECT is(
       JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'
       JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idempotency'
      WHERE has_function_privilege('regress_idem_x', p.oid, 'EXECUTE')),
-    'idem_claim,idem_claim_batch,idem_complete,idem_complete_batch,idem_extend,idem_fail,idem_forget,idem_lookup,idem_reap,idem_reap_all,idem_release,idem_schedule_reaper,idem_stats_get,idem_unschedule_reaper',
-    'PUBLIC may execute every routine but idem_stats_reset');
+    'idem_claim,idem_claim_batch,idem_complete,idem_complete_batch,idem_extend,idem_fail,idem_forget,idem_lookup,idem_reap,idem_reap_all,idem_release,idem_schedule_reaper,idem_scope_stats_get,idem_stats_dealloc,idem_stats_get,idem_unschedule_reaper',
+    'PUBLIC may execute every routine but idem_stats_reset and idem_scope_stats_reset');
 SELECT is(
     (SELECT count(*) FROM pg_class c, aclexplode(c.relacl) a
       WHERE c.oid IN ('idem_keys'::regclass, 'idem_stats'::regclass) AND a.grantee = 0),
@@ -163,6 +163,11 @@ SELECT throws_ok($$SELECT * FROM idem_stats$$, '42501', 'permission denied for v
 -- the view's function is executable by PUBLIC: the counters (not keys, not bodies) are readable
 -- through it, as pg_stat_all_tables shows every table's row counts to everyone
 SELECT lives_ok($$SELECT * FROM idem_stats_get()$$, 'PUBLIC: idem_stats_get() answers (counters only)');
+-- idem_scope_stats is granted to PUBLIC and filters: scope names (tenants) only for
+-- pg_read_all_stats and readers of idem_keys.scope
+SELECT is((SELECT count(*) FROM idem_scope_stats), 0::bigint, 'PUBLIC: idem_scope_stats shows no row');
+SELECT throws_ok($$SELECT idem_scope_stats_reset()$$, '42501', 'permission denied for function idem_scope_stats_reset',
+                 'PUBLIC: idem_scope_stats_reset -> 42501');
 -- scheduling is open to anyone; without pg_cron in this database it says what to run instead,
 -- and the job itself runs as the user who scheduled it, with that user's privileges
 SELECT throws_ok($$SELECT idem_schedule_reaper()$$, '55000', NULL, 'PUBLIC: idem_schedule_reaper without pg_cron -> 55000, not 42501');

@@ -27,10 +27,16 @@ sleep 0.1;
 is(sql(q{SELECT idem_reap(10)}), 10, 'idem_reap');
 is(sql(q{CALL idem_reap_all(7)}), 20, 'idem_reap_all');
 
-is(sql(q{SELECT row(s.*)::text FROM idem_stats s}), '(,,,,,,,,,,,)', 'idem_stats: one row, every counter NULL');
+is(sql(q{SELECT row(s.*)::text FROM idem_stats s}), '(,,,,,,,,,,,,)', 'idem_stats: one row, every counter NULL');
 is(sql(q{SELECT count(*) FROM idem_stats}), 1, 'exactly one row');
 sql(q{SELECT idem_stats_reset()});
 is(sql(q{SELECT stats_reset IS NULL FROM idem_stats}), 't', 'idem_stats_reset: nothing to reset');
+is(sql(q{SELECT count(*) FROM idem_scope_stats}), 0, 'idem_scope_stats: no rows');
+sql(q{SELECT idem_scope_stats_reset()});
+is(sql(q{SELECT count(*) FROM idem_scope_stats}), 0, 'idem_scope_stats_reset: nothing to reset');
+is(sql(q{SELECT (idem_claim('k3')).outcome}), 'claimed', 'a claim');
+is(sql(q{SELECT retry_after_s FROM idem_claim('k3', lease => '1 minute')}), 60,
+	'retry_after_s: the lease left, ceil(retry_after)');
 
 my ($rc, $out, $err) = $node->psql('postgres', 'SELECT idem_schedule_reaper()');
 isnt($rc, 0, 'idem_schedule_reaper without pg_cron fails');

@@ -363,7 +363,10 @@ sub check_call
 				return "retry_after $r->[6] not in ($lo, $hi] or not positive"
 				  if $r->[6] eq $N || $r->[6] <= 0 || $r->[6] < $lo || $r->[6] > $hi;
 				my $ceil = int(($r->[6] + 999_999) / 1_000_000);
-				return "retry_after_s $r->[8] is not ceil(retry_after) = $ceil" if $r->[8] ne $ceil;
+				# SPEC §9.5: an estimate (from the scope's work times, idem_scope_stats) within
+				# [1, ceil(retry_after)]
+				return "retry_after_s $r->[8] is not within [1, ceil(retry_after) = $ceil]"
+				  if $r->[8] eq $N || $r->[8] < 1 || $r->[8] > $ceil;
 			}
 			elsif ($r->[6] ne $N || $r->[8] ne $N) { return "retry_after $r->[6] / $r->[8] for a $outcome answer" }
 			return undef;

@@ -336,7 +336,8 @@ for my $line (split /\n/, slurp_file("$part/alerts.yml"))
 	$in_alerts{$1} = 1 while $line =~ /\b((?:idempotency|pg_exporter)_[a-z_]+)\b/g;
 }
 cmp_ok(scalar keys %in_alerts, '>=', 8, 'alerts.yml uses the metrics');
-for my $name (sort keys %in_alerts)
+# (the per-scope series need the role to see scope names: checked after scrape 3 below)
+for my $name (grep { !/^idempotency_scope_/ } sort keys %in_alerts)
 {
 	ok(exists $s1->{series}{$name}, "alerts.yml: $name is exported");
 }
@@ -370,6 +371,59 @@ between(value($s2, 'idempotency_table_oldest_key_age_seconds', datname => 'app',
 	$t0 - $oldest_pending, $t2 - $oldest_pending, 'scrape 2: the oldest pending key is still order-3');
 is(value($s2, 'idempotency_expired_keys', datname => 'app'), 1,
 	'scrape 2: the expired key still waits');
+
+is(scalar @{ $s2->{series}{idempotency_scope_claims_total} // [] }, 0,
+	'scrape 2: no per-scope series: the role may not see scope names');
+
+# ---- per-scope series, once the role may see scope names (exporter-role.sql -v per_scope=on)
+$node->command_ok(
+	[ 'psql', '-X', '-v', 'ON_ERROR_STOP=1', '-v', 'per_scope=on', '-d', $node->connstr('app'), '-f', $role_sql ],
+	'exporter-role.sql -v per_scope=on');
+($rc, $out, $err) = as_exporter('SELECT count(*) FROM idem_scope_stats');
+# tenant-acme only: the role's own claim above was refused (25006), and per scope only answered
+# claims count
+is($out, 1, 'the exporter role now sees the one scope of app');
+($rc, $out, $err) = as_exporter('SELECT key FROM idem_keys');
+like($err, qr/42501/, 'but still no key');
+# a new exporter: the cached queries of the old one ran without the grant
+stop_exporter();
+start_exporter();
+# tenant-acme since the server started (idem_stats_reset does not reset scopes): the workload
+# before the first reset and the four claims after the second
+my %scope_counts = (
+	claims => 18, inserted => 8, replays => 4, in_progress => 2, takeovers => 2,
+	mismatches => 2, completes => 4, fails => 2, releases => 0, expired => 0);
+my $work_times = q{SELECT p50_ms / 1000 || ',' || p90_ms / 1000 || ',' || p99_ms / 1000
+                   FROM idem_scope_stats WHERE scope = 'tenant-acme'};
+my $times_before = app($work_times);
+my $t3a = epoch();
+my $s3 = scrape();
+my $t3b = epoch();
+my $times_after = app($work_times);
+is(app('SELECT ' . join(', ', sort keys %scope_counts) . q{ FROM idem_scope_stats WHERE scope = 'tenant-acme'}),
+	join('|', map { $scope_counts{$_} } sort keys %scope_counts), 'idem_scope_stats counted the workload');
+for my $c (sort keys %scope_counts)
+{
+	my $name = "idempotency_scope_${c}_total";
+	is($s3->{type}{$name}, 'counter', "scrape 3: $name is a counter");
+	is(value($s3, $name, datname => 'app', scope => 'tenant-acme'), $scope_counts{$c}, "scrape 3: $name");
+}
+is(scalar(grep { $_->{labels}{datname} eq 'app' } @{ $s3->{series}{idempotency_scope_claims_total} }), 1,
+	'scrape 3: one scope in app');
+is(scalar(grep { $_->{labels}{datname} eq 'billing' } @{ $s3->{series}{idempotency_scope_claims_total} }), 0,
+	'scrape 3: no scope of billing, where the role was not granted per_scope');
+# the windows may move on between the reads: the scrape equals the view before or after it
+my $scraped = join(',', map { value($s3, "idempotency_scope_work_${_}_seconds", datname => 'app', scope => 'tenant-acme') }
+	qw(p50 p90 p99));
+ok($scraped eq $times_before || $scraped eq $times_after,
+	"scrape 3: work p50, p90, p99 as idem_scope_stats has them ($scraped)")
+  or diag("view: $times_before / $times_after");
+between(value($s3, 'idempotency_scope_pending_oldest_age_seconds', datname => 'app', scope => 'tenant-acme'),
+	$t3a - $oldest_pending, $t3b - $oldest_pending, 'scrape 3: the oldest pending key of tenant-acme is order-3');
+for my $name (grep { /^idempotency_scope_/ } sort keys %in_alerts)
+{
+	ok(exists $s3->{series}{$name}, "alerts.yml: $name is exported");
+}
 
 stop_exporter();
 unlike(slurp_file($exporter_log), qr/tenant-acme|order-/, 'the exporter log names no scope or key');
