@@ -56,12 +56,13 @@ like($out, qr/^\| bytes_per_key \| ref\.keys_a \(reference\) \| [0-9]+ \|/m, 'by
 like($out, qr/^\| memory \| memory contexts \|/m, 'memory: memory contexts row');
 like($out, qr/^\| memory \| RssAnon \|/m, 'memory: RssAnon row');
 
-# wait events sampled during every pgbench run, summarised under each throughput table
+# wait events sampled during every pgbench run, summarised under each throughput table (an
+# extension's LWLock tranche name may contain spaces: LWLock:idempotency scope stats)
 my @wait_tables = $out =~ /^Wait events \(average active backends/mg;
 is(scalar @wait_tables, 2, 'a wait-event summary under each throughput table');
 for my $wl (sort keys %variants) {
 	for my $v (@{ $variants{$wl} }) {
-		my @rows = $out =~ /^\| \Q$wl\E \| \Q$v\E \| ((?:[A-Za-z]+(?::\w+)? [0-9.]+(?:, )?)+|none sampled) \|$/mg;
+		my @rows = $out =~ /^\| \Q$wl\E \| \Q$v\E \| ((?:[A-Za-z]+(?::[^,|]+?)? [0-9.]+(?:, )?)+|none sampled) \|$/mg;
 		is(scalar @rows, 2, "$wl / $v: its wait events in each synchronous_commit pass");
 	}
 }
