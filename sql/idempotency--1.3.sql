@@ -191,8 +191,15 @@ RETURNS record
 AS 'MODULE_PATHNAME', 'idem_stats_get'
 LANGUAGE C VOLATILE PARALLEL SAFE;
 
+-- dealloc: idem_scope_stats entries of this database evicted to make room.
+CREATE FUNCTION @extschema@.idem_stats_dealloc()
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'idem_stats_dealloc'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+
 CREATE VIEW @extschema@.idem_stats AS
-    SELECT * FROM @extschema@.idem_stats_get();
+    SELECT s.*, @extschema@.idem_stats_dealloc() AS dealloc
+      FROM @extschema@.idem_stats_get() AS s;
 
 CREATE FUNCTION @extschema@.idem_stats_reset()
 RETURNS void
@@ -296,17 +303,6 @@ AS 'MODULE_PATHNAME', 'idem_complete_batch'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
 -- per-scope statistics (SPEC §10)
-
--- idem_stats gains dealloc: idem_scope_stats entries of this database evicted to make room.
--- CREATE OR REPLACE appends the column and keeps the grants made on the view.
-CREATE FUNCTION @extschema@.idem_stats_dealloc()
-RETURNS bigint
-AS 'MODULE_PATHNAME', 'idem_stats_dealloc'
-LANGUAGE C VOLATILE PARALLEL SAFE;
-
-CREATE OR REPLACE VIEW @extschema@.idem_stats AS
-    SELECT s.*, @extschema@.idem_stats_dealloc() AS dealloc
-      FROM @extschema@.idem_stats_get() AS s;
 
 -- The rows the caller may see: every scope of this database for pg_read_all_stats and for roles
 -- that may read idem_keys.scope (without row-level security confining them); none for others.
