@@ -18,7 +18,6 @@ part of the claim's transaction (Django 3.2, Debian's, reaches PostgreSQL only t
 from __future__ import annotations
 
 import functools
-from datetime import timedelta
 from typing import Any, Callable, Optional, TypeVar
 
 from django.core.exceptions import PermissionDenied, SuspiciousOperation
@@ -34,7 +33,7 @@ from .results import Executed, Reply
 View = TypeVar("View", bound=Callable[..., Any])
 
 
-class DjangoIdempotency:
+class DjangoIdempotency(http.RouteDecorators[View]):
     """Idempotency-Key support for Django function views.
 
     ``tenant``: called with the request, returns the tenant that prefixes the scope (or None).
@@ -48,20 +47,6 @@ class DjangoIdempotency:
         self.idempotency = idempotency
         self.tenant = tenant
         self.settings = settings
-
-    def transactional(self, *, required: bool = False, ttl: Optional[timedelta] = None,
-                      wait: Optional[timedelta] = None) -> Callable[[View], View]:
-        """Same-transaction mode: the view gets ``conn`` (keyword), the transaction's psycopg
-        connection; its writes, the key and the stored response commit together."""
-        return self._decorator(http.RouteOptions("transaction", required, ttl=ttl, wait=wait))
-
-    def leased(self, *, required: bool = False, lease: Optional[timedelta] = None,
-               ttl: Optional[timedelta] = None, wait: Optional[timedelta] = None,
-               heartbeat: bool = False) -> Callable[[View], View]:
-        """Lease mode: the view gets ``lease`` (keyword; None without a key) and runs with no
-        transaction open; its response is stored fenced by the attempt."""
-        return self._decorator(http.RouteOptions("lease", required, lease=lease, ttl=ttl,
-                                                 wait=wait, heartbeat=heartbeat))
 
     def _decorator(self, options: http.RouteOptions) -> Callable[[View], View]:
         def decorate(view: View) -> View:

@@ -20,7 +20,6 @@ the finished response (to store it), which a dependency or a middleware does not
 from __future__ import annotations
 
 import inspect
-from datetime import timedelta
 from typing import Any, Awaitable, Callable, Coroutine, Optional, TypeVar, Union
 
 import psycopg
@@ -42,7 +41,7 @@ _CONNECTION = "idempotency_connection"
 _LEASE = "idempotency_lease"
 
 
-class FastAPIIdempotency:
+class FastAPIIdempotency(http.RouteDecorators[Endpoint]):
     """Idempotency-Key support for FastAPI routes.
 
     ``tenant``: called with the request, returns the tenant that prefixes the scope (or None).
@@ -72,17 +71,8 @@ class FastAPIIdempotency:
         #: pass to APIRouter(route_class=...) or set as app.router.route_class
         self.route_class: type[APIRoute] = IdempotentRoute
 
-    def transactional(self, *, required: bool = False, ttl: Optional[timedelta] = None,
-                      wait: Optional[timedelta] = None) -> Callable[[Endpoint], Endpoint]:
-        """Same-transaction mode; the endpoint takes ``Depends(idem.connection)``."""
-        return _mark(http.RouteOptions("transaction", required, ttl=ttl, wait=wait))
-
-    def leased(self, *, required: bool = False, lease: Optional[timedelta] = None,
-               ttl: Optional[timedelta] = None, wait: Optional[timedelta] = None,
-               heartbeat: bool = False) -> Callable[[Endpoint], Endpoint]:
-        """Lease mode; the endpoint may take ``Depends(idem.lease)``."""
-        return _mark(http.RouteOptions("lease", required, lease=lease, ttl=ttl, wait=wait,
-                                       heartbeat=heartbeat))
+    def _decorator(self, options: http.RouteOptions) -> Callable[[Endpoint], Endpoint]:
+        return _mark(options)
 
     @staticmethod
     def connection(request: Request) -> psycopg.AsyncConnection[Any]:

@@ -13,7 +13,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Literal, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Generic, Literal, Mapping, Optional, Sequence, TypeVar, Union
 
 from psycopg.types.json import Jsonb
 
@@ -49,6 +49,31 @@ class RouteOptions:
     wait: Optional[timedelta] = None
     #: 1.2: extend the lease while the handler runs (lease mode)
     heartbeat: bool = False
+
+
+Handler = TypeVar("Handler", bound=Callable[..., Any])
+
+
+class RouteDecorators(Generic[Handler]):
+    """``transactional()`` and ``leased()`` of every framework integration: each builds the
+    route's options and hands them to the integration's ``_decorator``."""
+
+    def _decorator(self, options: RouteOptions) -> Callable[[Handler], Handler]:
+        raise NotImplementedError
+
+    def transactional(self, *, required: bool = False, ttl: Optional[timedelta] = None,
+                      wait: Optional[timedelta] = None) -> Callable[[Handler], Handler]:
+        """Same-transaction mode: the handler's writes, the key and the stored response commit
+        together (how the handler gets the transaction's connection: the integration's doc)."""
+        return self._decorator(RouteOptions("transaction", required, ttl=ttl, wait=wait))
+
+    def leased(self, *, required: bool = False, lease: Optional[timedelta] = None,
+               ttl: Optional[timedelta] = None, wait: Optional[timedelta] = None,
+               heartbeat: bool = False) -> Callable[[Handler], Handler]:
+        """Lease mode: the handler runs with no transaction open and its response is stored
+        fenced by the attempt (how it gets the lease: the integration's doc)."""
+        return self._decorator(RouteOptions("lease", required, lease=lease, ttl=ttl,
+                                            wait=wait, heartbeat=heartbeat))
 
 
 @dataclass(frozen=True)
