@@ -245,8 +245,13 @@ COMMIT;
 	cmp_ok(scalar(@acked), '>=', 1, "round $round: the acker had commits acknowledged");
 	push @all_acked, @acked;
 
-	# A zombie postmaster we could not reap keeps its pid: its lock files would block the start.
-	if (!$subreaper && kill(0, $pm_pid))
+	# A killed postmaster keeps its pid until its parent reaps it, and its lock file blocks the
+	# start meanwhile: give the reaping (ours or another's) a moment, then treat a zombie that is
+	# still there as the dead process it is.
+	my $reap_deadline = time + 10;
+	sleep 0.05
+	  while kill(0, $pm_pid) && waitpid($pm_pid, WNOHANG) != $pm_pid && time < $reap_deadline;
+	if (kill(0, $pm_pid))
 	{
 		note 'the dead postmaster is an unreaped zombie: removing its stale lock files';
 		unlink $pidfile;
