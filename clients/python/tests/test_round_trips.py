@@ -79,6 +79,21 @@ def test_new_key_and_replay_exchanges(idem: Idempotency, wire: ExchangeCounter, 
     assert_clean(idem.pool)
 
 
+def test_begin_apart_when_asked(wire: ExchangeCounter, key: str) -> None:
+    with ConnectionPool(wire.dsn, min_size=1, max_size=1, open=True) as pool:
+        pool.wait()
+        idem = Idempotency(pool, begin_with_claim=False)
+        idem.extension()
+        seen: list[int] = []
+        before = wire.ready
+        idem.run_in_transaction(key, insert_order(key, seen, wire))
+        assert seen == [before + 2] and wire.ready - before == 5  # BEGIN, claim, ..., COMMIT
+        before = wire.ready
+        assert isinstance(idem.run_in_transaction(key, insert_order(key, seen, wire)), Replayed)
+        assert wire.ready - before == 3
+        assert_clean(pool)
+
+
 def test_replays_stay_at_two_exchanges_once_statements_are_prepared(
         idem: Idempotency, wire: ExchangeCounter, key: str) -> None:
     idem.run_in_transaction(key, insert_order(key, [], wire))

@@ -44,11 +44,13 @@ class AsyncIdempotency:
     """
 
     def __init__(self, pool: AsyncConnectionPool, *, lease: Optional[timedelta] = None,
-                 ttl: Optional[timedelta] = None, transaction_retries: int = 3) -> None:
+                 ttl: Optional[timedelta] = None, transaction_retries: int = 3,
+                 begin_with_claim: bool = True) -> None:
         self.pool = pool
         self.lease = lease
         self.ttl = ttl
         self.transaction_retries = transaction_retries
+        self.begin_with_claim = begin_with_claim
         self._extension: Optional[proto.Extension] = None
 
     # ---- the extension's functions -------------------------------------------------------
@@ -173,7 +175,7 @@ class AsyncIdempotency:
     async def _begin_and_claim(self, conn: AsyncConnection, call: proto.Call
                                ) -> AsyncIterator[tuple[psycopg.AsyncTransaction, ClaimResult]]:
         """See ``Idempotency._begin_and_claim``: BEGIN and the claim in one exchange."""
-        if not psycopg.AsyncPipeline.is_supported():
+        if not (self.begin_with_claim and psycopg.AsyncPipeline.is_supported()):
             async with conn.transaction() as tx:
                 row = await self._run(conn, call)
                 assert row is not None

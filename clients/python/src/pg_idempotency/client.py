@@ -60,12 +60,16 @@ class Idempotency:
     """
 
     def __init__(self, pool: ConnectionPool, *, lease: Optional[timedelta] = None,
-                 ttl: Optional[timedelta] = None, transaction_retries: int = 3) -> None:
+                 ttl: Optional[timedelta] = None, transaction_retries: int = 3,
+                 begin_with_claim: bool = True) -> None:
         self.pool = pool
         self.lease = lease
         self.ttl = ttl
         #: how many times a transaction that failed with 40001 or 40P01 is run again
         self.transaction_retries = transaction_retries
+        #: same-transaction mode sends BEGIN and the claim in one exchange (pipeline mode); False
+        #: sends them apart: one round trip more, and less Python CPU (see the README)
+        self.begin_with_claim = begin_with_claim
         self._extension: Optional[proto.Extension] = None
 
     # ---- the extension's functions -------------------------------------------------------
@@ -206,7 +210,7 @@ class Idempotency:
         the extended protocol before one Sync, the claim's parameters bound), through psycopg's
         pipeline mode: entering it sends nothing, leaving it sends the Sync and reads both
         answers. The block ends (COMMIT, or ROLLBACK on an exception) when the caller's does."""
-        if not psycopg.Pipeline.is_supported():  # libpq before 14: BEGIN and the claim apart
+        if not (self.begin_with_claim and psycopg.Pipeline.is_supported()):  # needs libpq 14
             with conn.transaction() as tx:
                 row = self._run(conn, call)
                 assert row is not None
