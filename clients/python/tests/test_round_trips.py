@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 from typing import Any, Callable, Iterator
 
 import psycopg
@@ -184,7 +185,6 @@ def _capture(call: Callable[[], Any]) -> Any:
 
 def test_in_progress_ends_its_transaction(idem: Idempotency, wire: ExchangeCounter, conn: Conn,
                                           key: str) -> None:
-    from datetime import timedelta
     idem.claim(conn, key, lease=timedelta(seconds=30))  # a lease-mode worker holds the key
     before = wire.ready
     busy = idem.run_in_transaction(key, lambda c: Reply({}))
