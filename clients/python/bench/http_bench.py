@@ -7,7 +7,8 @@ Workloads: "new" (every request a fresh key: claim, insert, complete, commit) an
 key, every request a replay). Two drivers: "wsgi" (one client, Flask's test client in process:
 the server's cost left out, the steadiest numbers on a busy machine) and "http" (werkzeug's
 threaded server with keep-alive, --clients concurrent httpx clients). Prints the median
-requests/s per variant, the ratios, and the statements one replay sends (pg_stat_statements).
+requests/s per variant, the ratios, and what one request sends: statements (pg_stat_statements)
+and round trips (counted on the wire).
 """
 
 from __future__ import annotations
@@ -28,16 +29,22 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 
 
-def create_app(dsn: str) -> Any:
+def open_pool(dsn: str, size: int = 16) -> Any:
+    from psycopg_pool import ConnectionPool
+
+    pool = ConnectionPool(dsn, min_size=size, max_size=size, open=True)
+    pool.wait()
+    return pool
+
+
+def create_app(pool: Any) -> Any:
     import flask
     from psycopg.types.json import Jsonb
-    from psycopg_pool import ConnectionPool
 
     from pg_idempotency import Idempotency
     from pg_idempotency.flask import FlaskIdempotency
 
     app = flask.Flask(__name__)
-    pool = ConnectionPool(dsn, min_size=16, max_size=16, open=True)
     idem = FlaskIdempotency(Idempotency(pool))
 
     @app.post("/lib/orders")
@@ -83,7 +90,7 @@ def serve(dsn: str, port: int) -> None:
     class KeepAlive(WSGIRequestHandler):  # measure requests, not connection set-ups
         protocol_version = "HTTP/1.1"
 
-    make_server("127.0.0.1", port, create_app(dsn), threaded=True,
+    make_server("127.0.0.1", port, create_app(open_pool(dsn)), threaded=True,
                 request_handler=KeepAlive).serve_forever()
 
 
@@ -110,34 +117,38 @@ def load_wsgi(app: Any, variant: str, workload: str, seconds: float,
     return done / (time.monotonic() - started)
 
 
-def per_replay(app: Any, dsn: str, variant: str) -> tuple[float, float]:
-    """Statements (pg_stat_statements) and round trips (blocking waits in psycopg) per replay."""
+def per_request(dsn: str, variant: str) -> dict[str, tuple[float, float]]:
+    """Statements (pg_stat_statements) and round trips (the server's ReadyForQuery messages,
+    counted on the wire by a proxy) per request, for a new key and for a replay."""
     import psycopg
 
-    key = f"count-{variant}-{uuid.uuid4().hex}"
-    client = app.test_client()
-    headers = {"Idempotency-Key": key, "Content-Type": "application/json"}
-    client.post(f"/{variant}/orders", data='{"total": 42}', headers=headers)
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from loopback import ExchangeCounter
+
     query = ("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements"
              " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
              " AND query NOT LIKE '%pg_stat_statements%'")
-    waits = [0]
-    original_wait = psycopg.Connection.wait
+    counts: dict[str, tuple[float, float]] = {}
+    with ExchangeCounter(dsn) as wire, open_pool(wire.dsn, 2) as pool, \
+            psycopg.connect(dsn, autocommit=True) as conn:
+        client = create_app(pool).test_client()
+        replay_key = f"count-{variant}-{uuid.uuid4().hex}"
 
-    def counting_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
-        waits[0] += 1  # one blocking exchange with the server: a round trip
-        return original_wait(self, *args, **kwargs)
+        def post(key: str) -> None:
+            r = client.post(f"/{variant}/orders", data='{"total": 42}', headers={
+                "Idempotency-Key": key, "Content-Type": "application/json"})
+            assert r.status_code == 201, r.data
 
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        before = conn.execute(query).fetchone()[0]  # type: ignore[index]
-        psycopg.Connection.wait = counting_wait  # type: ignore[method-assign]
-        try:
+        def statements() -> int:
+            return int(conn.execute(query).fetchone()[0])  # type: ignore[index]
+
+        post(replay_key)  # and the library reads the extension's version once
+        for workload in ("new", "replay"):
+            sent, exchanges = statements(), wire.ready
             for _ in range(100):
-                client.post(f"/{variant}/orders", data='{"total": 42}', headers=headers)
-        finally:
-            psycopg.Connection.wait = original_wait  # type: ignore[method-assign]
-        after = conn.execute(query).fetchone()[0]  # type: ignore[index]
-    return float(after - before) / 100, waits[0] / 100
+                post(replay_key if workload == "replay" else uuid.uuid4().hex)
+            counts[workload] = ((statements() - sent) / 100, (wire.ready - exchanges) / 100)
+    return counts
 
 
 def load(base: str, variant: str, workload: str, clients: int, seconds: float) -> float:
@@ -195,11 +206,11 @@ def main() -> None:
                                " WHERE extname = 'idempotency'").fetchone()
     if args.driver == "wsgi":
         sys.path.insert(0, str(HERE.parent / "src"))
-        app = create_app(args.dsn)
+        app = create_app(open_pool(args.dsn))
         for variant in ("glue", "lib"):
-            statements, round_trips = per_replay(app, args.dsn, variant)
-            print(f"per replay, {variant}: {statements:.2f} statements, "
-                  f"{round_trips:.2f} round trips")
+            for workload, (statements, round_trips) in per_request(args.dsn, variant).items():
+                print(f"per request, {variant} {workload}: {statements:.2f} statements, "
+                      f"{round_trips:.2f} round trips")
         cpu: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
         report(args, version, lambda variant, workload: load_wsgi(app, variant, workload,
                                                                   args.seconds, cpu))

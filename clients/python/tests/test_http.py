@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,23 +20,10 @@ import httpx
 import psycopg
 import pytest
 
+from loopback import free_port
+
 HERE = Path(__file__).parent
 FRAMEWORKS = ["flask", "fastapi"]
-_next_port = [0]
-
-
-def free_port() -> int:
-    first, last = (int(p) for p in os.environ.get("IDEMPOTENCY_TEST_PORTS",
-                                                   "17100-17499").split("-"))
-    while True:
-        port = first + _next_port[0] % (last - first + 1)
-        _next_port[0] += 1
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
 
 
 class App:

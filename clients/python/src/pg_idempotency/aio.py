@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional, TypeVar
 
@@ -23,7 +23,7 @@ T = TypeVar("T")
 
 @asynccontextmanager
 async def _autocommit(conn: AsyncConnection) -> AsyncIterator[None]:
-    """Run in autocommit on an idle connection: one round trip per call, no BEGIN/COMMIT."""
+    """See ``client._autocommit``."""
     if conn.autocommit:
         yield
         return
@@ -31,7 +31,10 @@ async def _autocommit(conn: AsyncConnection) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        await conn.set_autocommit(False)
+        if conn.info.transaction_status == TransactionStatus.IDLE:
+            await conn.set_autocommit(False)
+        else:
+            await conn.close()
 
 
 class AsyncIdempotency:
@@ -41,11 +44,13 @@ class AsyncIdempotency:
     """
 
     def __init__(self, pool: AsyncConnectionPool, *, lease: Optional[timedelta] = None,
-                 ttl: Optional[timedelta] = None, transaction_retries: int = 3) -> None:
+                 ttl: Optional[timedelta] = None, transaction_retries: int = 3,
+                 begin_with_claim: bool = True) -> None:
         self.pool = pool
         self.lease = lease
         self.ttl = ttl
         self.transaction_retries = transaction_retries
+        self.begin_with_claim = begin_with_claim
         self._extension: Optional[proto.Extension] = None
 
     # ---- the extension's functions -------------------------------------------------------
@@ -147,12 +152,16 @@ class AsyncIdempotency:
         for retry in range(self.transaction_retries + 1):
             try:
                 async with self.pool.connection() as conn:
-                    async with conn.transaction() as tx:
+                    call = proto.claim(await self.extension(conn), key, request=request,
+                                       scope=scope, ttl=ttl or self.ttl, lease=self.lease,
+                                       fingerprint=fingerprint, wait=wait)
+                    async with self._begin_and_claim(conn, call) as (tx, claimed):
+                        if claimed.outcome is not Outcome.CLAIMED:
+                            return _not_claimed(claimed)  # COMMIT: see Idempotency
                         result = await self._transaction_once(
-                            conn, key, handler, request=request, scope=scope, ttl=ttl,
-                            fingerprint=fingerprint, wait=wait, on_exception=on_exception,
-                            read_row=read_row)
-                        if isinstance(result, Executed) and result.reply.failed and result.reply.retryable:
+                            conn, key, claimed, handler, on_exception=on_exception,
+                            scope=scope, read_row=read_row)
+                        if result.reply.failed and result.reply.retryable:
                             raise psycopg.Rollback(tx)
                     return result
             except Exception as exc:
@@ -162,15 +171,33 @@ class AsyncIdempotency:
                     raise
         raise AssertionError("unreachable")
 
+    @asynccontextmanager
+    async def _begin_and_claim(self, conn: AsyncConnection, call: proto.Call
+                               ) -> AsyncIterator[tuple[psycopg.AsyncTransaction, ClaimResult]]:
+        """See ``Idempotency._begin_and_claim``: BEGIN and the claim in one exchange."""
+        if not (self.begin_with_claim and psycopg.AsyncPipeline.is_supported()):
+            async with conn.transaction() as tx:
+                row = await self._run(conn, call)
+                assert row is not None
+                yield tx, proto.parse_claim(row)
+            return
+        async with _autocommit(conn), AsyncExitStack() as transaction:
+            try:
+                async with conn.cursor() as cur:
+                    async with conn.pipeline():
+                        tx = await transaction.enter_async_context(
+                            psycopg.AsyncTransaction(conn))
+                        await cur.execute(call.query, call.params, binary=True)
+                    row = await cur.fetchone()
+            except psycopg.Error as e:
+                raise proto.typed(e) from e
+            assert row is not None
+            yield tx, proto.parse_claim(row)
+
     async def _transaction_once(
-            self, conn: AsyncConnection, key: str,
-            handler: Callable[[AsyncConnection], Awaitable[Reply]], *, request: Any, scope: str,
-            ttl: Optional[timedelta], fingerprint: Optional[bytes], wait: Optional[timedelta],
-            on_exception: Optional[ExceptionPolicy], read_row: bool) -> RunResult:
-        claimed = await self.claim(conn, key, request=request, scope=scope, ttl=ttl,
-                                   fingerprint=fingerprint, wait=wait)
-        if claimed.outcome is not Outcome.CLAIMED:
-            return _not_claimed(claimed)
+            self, conn: AsyncConnection, key: str, claimed: ClaimResult,
+            handler: Callable[[AsyncConnection], Awaitable[Reply]], *, scope: str,
+            on_exception: Optional[ExceptionPolicy], read_row: bool) -> Executed:
         if on_exception is None:
             reply = await handler(conn)
         else:

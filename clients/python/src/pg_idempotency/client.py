@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import timedelta
 from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar, Union
 
@@ -24,7 +24,11 @@ T = TypeVar("T")
 
 @contextmanager
 def _autocommit(conn: Connection) -> Iterator[None]:
-    """Run in autocommit on an idle connection: one round trip per call, no BEGIN/COMMIT."""
+    """Autocommit on an idle connection: one round trip per call, no BEGIN/COMMIT; or around a
+    transaction block that psycopg opens itself, which autocommit does not change (the block's
+    BEGIN is explicit), so that in pipeline mode a statement whose BEGIN is still queued does
+    not send a BEGIN of its own, and a Sync with it. Afterwards the connection is as it was, or
+    closed (so the pool discards it) if it was left broken."""
     if conn.autocommit:
         yield
         return
@@ -32,7 +36,10 @@ def _autocommit(conn: Connection) -> Iterator[None]:
     try:
         yield
     finally:
-        conn.autocommit = False
+        if conn.info.transaction_status == TransactionStatus.IDLE:
+            conn.autocommit = False
+        else:
+            conn.close()
 
 
 def _check_no_transaction(conn: Union[Connection, "psycopg.AsyncConnection[Any]"]) -> None:
@@ -53,12 +60,16 @@ class Idempotency:
     """
 
     def __init__(self, pool: ConnectionPool, *, lease: Optional[timedelta] = None,
-                 ttl: Optional[timedelta] = None, transaction_retries: int = 3) -> None:
+                 ttl: Optional[timedelta] = None, transaction_retries: int = 3,
+                 begin_with_claim: bool = True) -> None:
         self.pool = pool
         self.lease = lease
         self.ttl = ttl
         #: how many times a transaction that failed with 40001 or 40P01 is run again
         self.transaction_retries = transaction_retries
+        #: same-transaction mode sends BEGIN and the claim in one exchange (pipeline mode); False
+        #: sends them apart: one round trip more, and less Python CPU (see the README)
+        self.begin_with_claim = begin_with_claim
         self._extension: Optional[proto.Extension] = None
 
     # ---- the extension's functions -------------------------------------------------------
@@ -170,13 +181,19 @@ class Idempotency:
         for retry in range(self.transaction_retries + 1):
             try:
                 with self.pool.connection() as conn:
-                    with conn.transaction() as tx:
-                        result = self._transaction_once(conn, key, handler, request=request,
-                                                        scope=scope, ttl=ttl,
-                                                        fingerprint=fingerprint, wait=wait,
-                                                        on_exception=on_exception,
+                    call = proto.claim(self.extension(conn), key, request=request, scope=scope,
+                                       ttl=ttl or self.ttl, lease=self.lease,
+                                       fingerprint=fingerprint, wait=wait)
+                    with self._begin_and_claim(conn, call) as (tx, claimed):
+                        if claimed.outcome is not Outcome.CLAIMED:
+                            # a replay or a key in progress wrote nothing: COMMIT ends it as
+                            # cheaply as ROLLBACK, and psycopg 3.1 follows every ROLLBACK with
+                            # DEALLOCATE ALL (another round trip, and no statement stays prepared)
+                            return _not_claimed(claimed)
+                        result = self._transaction_once(conn, key, claimed, handler,
+                                                        on_exception=on_exception, scope=scope,
                                                         read_row=read_row)
-                        if isinstance(result, Executed) and result.reply.failed and result.reply.retryable:
+                        if result.reply.failed and result.reply.retryable:
                             raise psycopg.Rollback(tx)
                     return result
             except Exception as exc:
@@ -186,15 +203,34 @@ class Idempotency:
                     raise
         raise AssertionError("unreachable")
 
-    def _transaction_once(self, conn: Connection, key: str,
-                          handler: Callable[[Connection], Reply], *, request: Any, scope: str,
-                          ttl: Optional[timedelta], fingerprint: Optional[bytes],
-                          wait: Optional[timedelta],
-                          on_exception: Optional[ExceptionPolicy], read_row: bool) -> RunResult:
-        claimed = self.claim(conn, key, request=request, scope=scope, ttl=ttl,
-                             fingerprint=fingerprint, wait=wait)
-        if claimed.outcome is not Outcome.CLAIMED:
-            return _not_claimed(claimed)
+    @contextmanager
+    def _begin_and_claim(self, conn: Connection, call: proto.Call
+                         ) -> Iterator[tuple[psycopg.Transaction, ClaimResult]]:
+        """A transaction block whose BEGIN and claim go to the server in one exchange (both in
+        the extended protocol before one Sync, the claim's parameters bound), through psycopg's
+        pipeline mode: entering it sends nothing, leaving it sends the Sync and reads both
+        answers. The block ends (COMMIT, or ROLLBACK on an exception) when the caller's does."""
+        if not (self.begin_with_claim and psycopg.Pipeline.is_supported()):  # needs libpq 14
+            with conn.transaction() as tx:
+                row = self._run(conn, call)
+                assert row is not None
+                yield tx, proto.parse_claim(row)
+            return
+        with _autocommit(conn), ExitStack() as transaction:
+            try:
+                with conn.cursor() as cur:
+                    with conn.pipeline():
+                        tx = transaction.enter_context(psycopg.Transaction(conn))
+                        cur.execute(call.query, call.params, binary=True)
+                    row = cur.fetchone()
+            except psycopg.Error as e:
+                raise proto.typed(e) from e
+            assert row is not None
+            yield tx, proto.parse_claim(row)
+
+    def _transaction_once(self, conn: Connection, key: str, claimed: ClaimResult,
+                          handler: Callable[[Connection], Reply], *, scope: str,
+                          on_exception: Optional[ExceptionPolicy], read_row: bool) -> Executed:
         if on_exception is None:
             reply = handler(conn)
         else:

@@ -1,0 +1,234 @@
+"""Round trips of same-transaction mode, counted on the wire (the server's ReadyForQuery
+messages, through a proxy): BEGIN goes with the claim, in one exchange."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Callable, Iterator
+
+import psycopg
+import pytest
+import pytest_asyncio
+from psycopg import pq
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from loopback import ExchangeCounter
+from pg_idempotency import (AsyncIdempotency, Executed, Idempotency, InProgress, Replayed, Reply,
+                            errors)
+
+Conn = psycopg.Connection[Any]
+AConn = psycopg.AsyncConnection[Any]
+
+
+@pytest.fixture
+def wire(dsn: str) -> Iterator[ExchangeCounter]:
+    with ExchangeCounter(dsn) as counter:
+        yield counter
+
+
+@pytest.fixture
+def idem(wire: ExchangeCounter) -> Iterator[Idempotency]:
+    # one connection, opened before anything is counted
+    with ConnectionPool(wire.dsn, min_size=1, max_size=1, open=True) as pool:
+        pool.wait()
+        client = Idempotency(pool)
+        client.extension()
+        yield client
+
+
+def insert_order(key: str, seen: list[int], wire: ExchangeCounter) -> Callable[[Conn], Reply]:
+    def handler(c: Conn) -> Reply:
+        seen.append(wire.ready)
+        row = c.execute("INSERT INTO orders (customer, total, idem_key) VALUES ('ada', 42, %s)"
+                        " RETURNING id", (key,)).fetchone()
+        assert row is not None
+        return Reply({"order_id": row[0]}, 201)
+    return handler
+
+
+def assert_clean(pool: ConnectionPool) -> None:
+    """The pool's connection is idle, out of pipeline mode, as the application configured it."""
+    with pool.connection() as c:
+        assert c.info.transaction_status is pq.TransactionStatus.IDLE
+        assert c.pgconn.pipeline_status == pq.PipelineStatus.OFF
+        assert c.autocommit is False
+        assert c.execute("SELECT 1").fetchone() == (1,)
+        assert c.info.transaction_status is pq.TransactionStatus.INTRANS  # implicit BEGIN
+        c.rollback()
+
+
+def test_new_key_and_replay_exchanges(idem: Idempotency, wire: ExchangeCounter, conn: Conn,
+                                      key: str) -> None:
+    seen: list[int] = []
+    before = wire.ready
+    first = idem.run_in_transaction(key, insert_order(key, seen, wire), request={"total": 42},
+                                    read_row=False)
+    assert isinstance(first, Executed)
+    # BEGIN + claim before the handler; then INSERT, complete, COMMIT
+    assert seen == [before + 1]
+    assert wire.ready - before == 4
+    before = wire.ready
+    replay = idem.run_in_transaction(key, insert_order(key, seen, wire), request={"total": 42})
+    assert isinstance(replay, Replayed) and replay.response == first.reply.response
+    # BEGIN + claim, then the COMMIT that ends the replay's transaction
+    assert wire.ready - before == 2
+    assert len(seen) == 1
+    assert conn.execute("SELECT count(*) FROM orders WHERE idem_key = %s",
+                        (key,)).fetchone() == (1,)
+    assert_clean(idem.pool)
+
+
+def test_begin_apart_when_asked(wire: ExchangeCounter, key: str) -> None:
+    with ConnectionPool(wire.dsn, min_size=1, max_size=1, open=True) as pool:
+        pool.wait()
+        idem = Idempotency(pool, begin_with_claim=False)
+        idem.extension()
+        seen: list[int] = []
+        before = wire.ready
+        idem.run_in_transaction(key, insert_order(key, seen, wire))
+        assert seen == [before + 2] and wire.ready - before == 5  # BEGIN, claim, ..., COMMIT
+        before = wire.ready
+        assert isinstance(idem.run_in_transaction(key, insert_order(key, seen, wire)), Replayed)
+        assert wire.ready - before == 3
+        assert_clean(pool)
+
+
+def test_replays_stay_at_two_exchanges_once_statements_are_prepared(
+        idem: Idempotency, wire: ExchangeCounter, key: str) -> None:
+    idem.run_in_transaction(key, insert_order(key, [], wire))
+    before = wire.ready
+    for _ in range(12):  # psycopg prepares a statement at its 6th run
+        assert isinstance(idem.run_in_transaction(key, insert_order(key, [], wire)), Replayed)
+    assert wire.ready - before == 24
+    assert_clean(idem.pool)
+
+
+@pytest.mark.parametrize("case, error", [
+    ("changed request", errors.KeyMismatchError),
+    ("bad key", errors.InvalidArgumentError),
+])
+def test_errors_in_the_pipelined_claim_are_typed(idem: Idempotency, wire: ExchangeCounter,
+                                                 conn: Conn, key: str, case: str,
+                                                 error: type[errors.DatabaseError]) -> None:
+    idem.run_in_transaction(key, lambda c: Reply({"ok": 1}), request={"n": 1})
+    before = wire.ready
+    with pytest.raises(error) as info:
+        if case == "changed request":
+            idem.run_in_transaction(key, lambda c: Reply({"ok": 2}), request={"n": 2})
+        else:
+            idem.run_in_transaction("bad\nkey", lambda c: Reply({"ok": 2}))
+    assert info.value.http_status == (422 if case == "changed request" else 400)
+    assert wire.ready - before == 2  # BEGIN + the failing claim, then ROLLBACK
+    assert_clean(idem.pool)
+    replay = idem.run_in_transaction(key, lambda c: Reply({"ok": 3}), request={"n": 1})
+    assert isinstance(replay, Replayed) and replay.response == {"ok": 1}
+
+
+def test_serialization_failure_in_the_pipelined_claim_is_retried(dsn: str, key: str) -> None:
+    """At REPEATABLE READ, a claim that waited for another transaction's insert of its key
+    fails with 40001; the retry, in a new transaction, finds the key finished: a replay."""
+    with ExchangeCounter(dsn) as wire, ConnectionPool(
+            wire.dsn, min_size=1, max_size=1, open=True, kwargs={
+                "options": "-c default_transaction_isolation=repeatable\\ read"}) as pool, \
+            psycopg.connect(dsn) as other:
+        idem = Idempotency(pool, transaction_retries=1)
+        idem.extension()
+        other.execute("SELECT * FROM idem_claim(%s)", (key,))  # the key's row, uncommitted
+        with pool.connection() as c:
+            pid = c.info.backend_pid
+        runs: list[int] = []
+        results: list[Any] = []
+        thread = threading.Thread(target=lambda: results.append(idem.run_in_transaction(
+            key, lambda c: runs.append(1) or Reply({"mine": 1}))))
+        thread.start()
+        deadline = time.monotonic() + 30
+        with psycopg.connect(dsn, autocommit=True) as watch:
+            while watch.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                                (pid,)).fetchone() != ("Lock",):
+                assert time.monotonic() < deadline, "the claim never waited for the other insert"
+                time.sleep(0.05)
+        other.execute("SELECT FROM idem_complete(%s, '{\"theirs\": 1}')", (key,))
+        other.commit()
+        thread.join(30)
+        assert runs == []
+        assert len(results) == 1 and isinstance(results[0], Replayed)
+        assert results[0].response == {"theirs": 1}
+        assert_clean(pool)
+        # with no retry left, the typed error (HTTP 503) reaches the caller
+        idem.transaction_retries = 0
+        other.execute("SELECT * FROM idem_claim(%s)", (key + "-2",))
+        thread = threading.Thread(target=lambda: results.append(_capture(
+            lambda: idem.run_in_transaction(key + "-2", lambda c: Reply({"mine": 1})))))
+        thread.start()
+        deadline = time.monotonic() + 30
+        with psycopg.connect(dsn, autocommit=True) as watch:
+            while watch.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                                (pid,)).fetchone() != ("Lock",):
+                assert time.monotonic() < deadline, "the claim never waited for the other insert"
+                time.sleep(0.05)
+        other.execute("SELECT FROM idem_complete(%s, '{}')", (key + "-2",))
+        other.commit()
+        thread.join(30)
+        assert isinstance(results[1], errors.SerializationError)
+        assert results[1].http_status == 503
+        assert_clean(pool)
+
+
+def _capture(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except Exception as exc:
+        return exc
+
+
+def test_in_progress_ends_its_transaction(idem: Idempotency, wire: ExchangeCounter, conn: Conn,
+                                          key: str) -> None:
+    idem.claim(conn, key, lease=timedelta(seconds=30))  # a lease-mode worker holds the key
+    before = wire.ready
+    busy = idem.run_in_transaction(key, lambda c: Reply({}))
+    assert isinstance(busy, InProgress) and 1 <= busy.retry_after_s <= 30
+    assert wire.ready - before == 2
+    assert_clean(idem.pool)
+
+
+@pytest_asyncio.fixture
+async def aidem(wire: ExchangeCounter) -> Any:
+    async with AsyncConnectionPool(wire.dsn, min_size=1, max_size=1, open=False) as pool:
+        await pool.wait()
+        client = AsyncIdempotency(pool)
+        await client.extension()
+        yield client
+
+
+@pytest.mark.asyncio
+async def test_async_new_key_replay_and_error_exchanges(aidem: AsyncIdempotency,
+                                                        wire: ExchangeCounter,
+                                                        key: str) -> None:
+    seen: list[int] = []
+
+    async def handler(c: AConn) -> Reply:
+        seen.append(wire.ready)
+        await c.execute("INSERT INTO orders (customer, total, idem_key) VALUES ('ada', 1, %s)",
+                        (key,))
+        return Reply({"ok": 1}, 201)
+
+    before = wire.ready
+    first = await aidem.run_in_transaction(key, handler, request={"n": 1}, read_row=False)
+    assert isinstance(first, Executed)
+    assert seen == [before + 1] and wire.ready - before == 4
+    before = wire.ready
+    replay = await aidem.run_in_transaction(key, handler, request={"n": 1})
+    assert isinstance(replay, Replayed) and replay.response == {"ok": 1}
+    assert wire.ready - before == 2 and len(seen) == 1
+    before = wire.ready
+    with pytest.raises(errors.KeyMismatchError):
+        await aidem.run_in_transaction(key, handler, request={"n": 2})
+    assert wire.ready - before == 2
+    async with aidem.pool.connection() as c:
+        assert c.info.transaction_status is pq.TransactionStatus.IDLE
+        assert c.pgconn.pipeline_status == pq.PipelineStatus.OFF
+        assert c.autocommit is False
+        assert await (await c.execute("SELECT 1")).fetchone() == (1,)
+        await c.rollback()
