@@ -166,6 +166,20 @@ def test_same_transaction_commits_business_row_and_key(idem: Idempotency, pool: 
                         (key,)).fetchone() == (1,)
 
 
+def test_pool_of_one_connection(dsn: str, key: str) -> None:
+    # the client's first call reads the extension's version on the connection it already holds:
+    # a pool with no second connection to lend must not wait out its timeout
+    with ConnectionPool(dsn, min_size=1, max_size=1, timeout=5, open=True) as one:
+        idem = Idempotency(one)
+        started = time.monotonic()
+        result = idem.run_in_transaction(key, lambda c: Reply({"ok": True}, 201))
+        assert isinstance(result, Executed)
+        assert time.monotonic() - started < 5
+        with one.connection() as c:
+            assert c.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+            assert c.autocommit is False
+
+
 def test_same_transaction_exception_rolls_back_both(idem: Idempotency, conn: Conn,
                                                     key: str) -> None:
     def handler(c: Conn) -> Reply:

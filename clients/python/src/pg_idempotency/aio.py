@@ -57,10 +57,13 @@ class AsyncIdempotency:
 
     async def extension(self, conn: Optional[AsyncConnection] = None) -> proto.Extension:
         if self._extension is None:
-            if conn is None or (conn.info.transaction_status == TransactionStatus.IDLE
-                                and not conn.autocommit):
+            # as the sync client: the caller's connection when there is one
+            if conn is None:
                 async with self.pool.connection() as own, _autocommit(own):
                     row = await (await own.execute(proto.EXTENSION_QUERY)).fetchone()
+            elif conn.info.transaction_status == TransactionStatus.IDLE:
+                async with _autocommit(conn):
+                    row = await (await conn.execute(proto.EXTENSION_QUERY)).fetchone()
             else:
                 row = await (await conn.execute(proto.EXTENSION_QUERY)).fetchone()
             self._extension = proto.Extension.from_row(row)

@@ -77,10 +77,14 @@ class Idempotency:
     def extension(self, conn: Optional[Connection] = None) -> proto.Extension:
         """The installed version and schema, read once per client."""
         if self._extension is None:
-            if conn is None or (conn.info.transaction_status == TransactionStatus.IDLE
-                                and not conn.autocommit):
+            # on the caller's connection when there is one (a pool of one connection has no
+            # other to lend), in autocommit if idle so that no transaction is left open on it
+            if conn is None:
                 with self.pool.connection() as own, _autocommit(own):
                     row = own.execute(proto.EXTENSION_QUERY).fetchone()
+            elif conn.info.transaction_status == TransactionStatus.IDLE:
+                with _autocommit(conn):
+                    row = conn.execute(proto.EXTENSION_QUERY).fetchone()
             else:
                 row = conn.execute(proto.EXTENSION_QUERY).fetchone()
             self._extension = proto.Extension.from_row(row)
