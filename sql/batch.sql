@@ -236,5 +236,11 @@ CALL pg_temp.expect_error($$SELECT * FROM idem_claim_batch(ARRAY['ap-9'], 'batch
 SELECT idem_stats_reset();
 SELECT count(*) FROM idem_claim_batch(ARRAY['st-1', 'st-2', 'ap-1'], 'batch-ap', applied => true);
 SELECT claims, inserted, replays, completes FROM idem_stats;
+-- a batch counts once, at its end; one ended by an error still counts what it did (fp-0 claimed,
+-- then fp-1's mismatch), as the single calls do
+CALL pg_temp.expect_error($$SELECT * FROM idem_claim_batch(ARRAY['fp-0', 'fp-1'], 'batch-ap',
+                                                         fingerprints => ARRAY[NULL, '\x02']::bytea[], applied => true)$$);
+SELECT claims, inserted, replays, mismatches, completes FROM idem_stats;
+SELECT claims, inserted, replays, mismatches, completes FROM idem_scope_stats WHERE scope = 'batch-ap';
 
 DELETE FROM idem_keys WHERE scope LIKE 'batch%';

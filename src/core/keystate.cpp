@@ -933,6 +933,7 @@ void
 claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 {
 	TimestampTz deadline = in->wait == nullptr ? 0 : add_interval(GetCurrentTimestamp(), in->wait);
+	stats_batch_begin(in->scope);
 	int *order = sorted_positions(in->nkeys, in->keys);
 	KeyTable kt;
 	bool direct = keytable_open(&kt, Access::write, "idem_claim_batch()");
@@ -1008,6 +1009,7 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 	if (direct)
 		keytable_close(&kt);
 	pfree(order);
+	stats_batch_end();
 }
 
 int64
