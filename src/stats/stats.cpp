@@ -228,6 +228,8 @@ static struct
 static void
 publish_batch()
 {
+	if (!batch.active)
+		return;
 	batch.active = false;
 	BackendSlot *b = my_backend_slot();
 	if (b == nullptr)
@@ -253,6 +255,9 @@ batch_context_gone(void *arg)
 void
 stats_batch_begin(Datum scope)
 {
+	// A batch inside a batch (a row-level security policy calling idem_claim_batch): the outer
+	// one's counts so far are published, its later ones counted one by one.
+	publish_batch();
 	batch.active = true;
 	batch.generation++;
 	batch.scope = PointerGetDatum(DatumGetTextPCopy(scope));
