@@ -187,4 +187,60 @@ FROM idem_claim_batch(array(SELECT 'big-' || g FROM generate_series(1, 10000) g)
 GROUP BY 1, 2;
 SELECT idem_complete_batch(array(SELECT 'big-' || g FROM generate_series(1, 10000) g), 'batch-big');
 SELECT state, count(*) FROM idem_keys WHERE scope = 'batch-big' GROUP BY 1;
+-- 14. applied => true (1.4): each id the call claims is written once, already completed (succeeded,
+-- no response, no lease); ids it does not claim are answered as without it.
+BEGIN;
+SELECT key, outcome, inserted, attempt, state, response, response_code, retry_after_s
+FROM idem_claim_batch(ARRAY['ap-2', 'ap-1', 'ap-2'], 'batch-ap', ttl => '1 hour', applied => true);
+SELECT key, state, attempt, response, response_code, locked_until, completed_at = claimed_at AS completed_at_claim,
+       expires_at = claimed_at + interval '1 hour' AS expires_ttl_after_claim
+FROM idem_keys WHERE scope = 'batch-ap' ORDER BY key;
+-- finishing a key claimed this way is IK004, as for any finished key; this transaction's own
+-- keys replay when claimed again
+CALL pg_temp.expect_error($$SELECT idem_complete_batch(ARRAY['ap-1'], 'batch-ap')$$);
+SELECT key, outcome, inserted, state FROM idem_claim_batch(ARRAY['ap-1'], 'batch-ap', applied => true);
+COMMIT;
+-- committed: a later batch, applied or not, sees them applied (replay); a new id is claimed
+SELECT key, outcome, inserted, attempt, state FROM idem_claim_batch(ARRAY['ap-3', 'ap-1'], 'batch-ap', applied => true);
+SELECT key, outcome, state FROM idem_claim_batch(ARRAY['ap-2'], 'batch-ap');
+-- rolled back: nothing of the batch remains, and a new batch claims the ids again
+BEGIN;
+SELECT count(*) FROM idem_claim_batch(ARRAY['ap-r1', 'ap-r2'], 'batch-ap', applied => true);
+ROLLBACK;
+SELECT count(*) AS rolled_back_rows FROM idem_keys WHERE scope = 'batch-ap' AND key LIKE 'ap-r%';
+SELECT key, outcome, inserted FROM idem_claim_batch(ARRAY['ap-r2', 'ap-r1'], 'batch-ap', applied => true);
+-- A mixed batch: new (claimed, applied), expired (claimed anew, inserted, attempt 1), an ended
+-- lease and a retryable failure (taken over, applied, attempt 2), a final failure and an applied
+-- id (replay), a live lease (in_progress, nothing written).
+SELECT count(*) FROM idem_claim_batch(ARRAY['mx-lease', 'mx-live', 'mx-retry', 'mx-final', 'mx-exp'], 'batch-mx');
+SELECT state FROM idem_release('mx-lease', 1, 'batch-mx');
+SELECT state FROM idem_fail('mx-retry', NULL, 503, true, 'batch-mx');
+SELECT state FROM idem_fail('mx-final', NULL, 400, false, 'batch-mx');
+SELECT idem_complete_batch(ARRAY['mx-exp'], 'batch-mx', ttl => '10 ms');
+SELECT pg_sleep(0.05);
+SELECT key, outcome, inserted, attempt, state, response_code, retry_after_s IS NOT NULL AS retry_after_s
+FROM idem_claim_batch(ARRAY['mx-new', 'mx-live', 'mx-retry', 'mx-final', 'mx-exp', 'mx-lease'], 'batch-mx',
+                      applied => true);
+SELECT key, state, attempt, response_code, retryable, locked_until IS NULL AS no_lease,
+       completed_at IS NOT NULL AS completed
+FROM idem_keys WHERE scope = 'batch-mx' ORDER BY key;
+-- fingerprints as without applied: stored, and a mismatch is IK001 with nothing written
+SELECT key, outcome FROM idem_claim_batch(ARRAY['fp-1'], 'batch-ap', fingerprints => ARRAY['\x01'::bytea],
+                                          applied => true);
+SELECT fingerprint FROM idem_keys WHERE scope = 'batch-ap' AND key = 'fp-1';
+CALL pg_temp.expect_error($$SELECT * FROM idem_claim_batch(ARRAY['fp-0', 'fp-1'], 'batch-ap',
+                                                         fingerprints => ARRAY[NULL, '\x02']::bytea[], applied => true)$$);
+SELECT count(*) AS fp_0_absent FROM idem_keys WHERE scope = 'batch-ap' AND key = 'fp-0';
+CALL pg_temp.expect_error($$SELECT * FROM idem_claim_batch(ARRAY['ap-9'], 'batch-ap', applied => NULL)$$);
+-- counted as claims (inserted or taken over) and as completes
+SELECT idem_stats_reset();
+SELECT count(*) FROM idem_claim_batch(ARRAY['st-1', 'st-2', 'ap-1'], 'batch-ap', applied => true);
+SELECT claims, inserted, replays, completes FROM idem_stats;
+-- a batch counts once, at its end; one ended by an error still counts what it did (fp-0 claimed,
+-- then fp-1's mismatch), as the single calls do
+CALL pg_temp.expect_error($$SELECT * FROM idem_claim_batch(ARRAY['fp-0', 'fp-1'], 'batch-ap',
+                                                         fingerprints => ARRAY[NULL, '\x02']::bytea[], applied => true)$$);
+SELECT claims, inserted, replays, mismatches, completes FROM idem_stats;
+SELECT claims, inserted, replays, mismatches, completes FROM idem_scope_stats WHERE scope = 'batch-ap';
+
 DELETE FROM idem_keys WHERE scope LIKE 'batch%';

@@ -4,9 +4,10 @@ PostgreSQL transaction, and the message is acknowledged only after that commit.
 
 A broker delivers at least once: after a consumer crash, a lost connection or a relay that
 published twice, the same message comes again. The dedup record is an idempotency key
-(scope = this consumer group, key = the producer-assigned message id), claimed with idem_claim in
-the transaction that applies the effect and completed with idem_complete before COMMIT:
-- a new id is claimed, applied and completed; a crash before COMMIT leaves nothing behind, and the
+(scope = this consumer group, key = the producer-assigned message id), claimed in the transaction
+that applies the effect, with applied => true: the claim itself records the id as applied, so the
+record counts only if that transaction commits:
+- a new id is claimed and applied; a crash before COMMIT leaves nothing behind, and the
   redelivered message is applied then;
 - an id already completed replays: skip the effect, acknowledge again (a crash between COMMIT and
   the ack lands here);
@@ -16,7 +17,8 @@ A poison message (no message id, not JSON, or an effect that fails for good) is 
 failed key and rejected to the dead-letter queue instead of being redelivered forever.
 
 Messages are handled in batches (up to --batch, one transaction): one idem_claim_batch call
-claims the batch's ids, one idem_complete_batch call records the applied ones.
+claims the batch's ids and records the new ones as applied (one write per id); their effects are
+applied next, and the transaction commits.
 
     PGHOST=... PGDATABASE=... AMQP_URL=amqp://... consumer.py [--batch 100] [--linger 0.05]
         [--crash-after-commit N]
@@ -65,9 +67,12 @@ def dedup_claim(conn: psycopg.Connection, messages: list[Message]) -> dict[str, 
     """Claim every message's id in the current transaction: message_id -> 'new' (apply it),
     'applied' (done before: skip), 'failed' (dead-lettered before) or 'busy' (owned by a live
     lease elsewhere). One idem_claim_batch call for the whole batch: it takes the ids in key
-    order, so consumers claiming overlapping batches cannot deadlock."""
+    order, so consumers claiming overlapping batches cannot deadlock. With applied => true the
+    claimed ids are stored as applied already: the caller applies their effects before COMMIT,
+    and a rollback undoes both."""
     rows = conn.execute(
-        "SELECT key, outcome, state FROM idem_claim_batch(%s, %s, requests => %s, ttl => %s)",
+        "SELECT key, outcome, state FROM idem_claim_batch(%s, %s, requests => %s, ttl => %s,"
+        " applied => true)",
         ([m.message_id for m in messages], SCOPE, [Jsonb(m.payload) for m in messages],
          DEDUP_TTL)).fetchall()
     verdicts = {}
@@ -79,11 +84,6 @@ def dedup_claim(conn: psycopg.Connection, messages: list[Message]) -> dict[str, 
         else:
             verdicts[key] = "busy"
     return verdicts
-
-
-def dedup_complete(conn: psycopg.Connection, message_ids: list[str]) -> None:
-    """Mark the claimed ids applied, in the current transaction, in one call."""
-    conn.execute("SELECT idem_complete_batch(%s, %s)", (message_ids, SCOPE))
 
 
 def apply_effects(conn: psycopg.Connection, messages: list[Message]) -> None:
@@ -166,7 +166,8 @@ class Consumer:
                 return
 
     def apply(self, messages: list[Message]) -> dict[str, str]:
-        """One transaction: claim every id, apply the new ones, complete them, COMMIT.
+        """One transaction: claim every id (the new ones recorded as applied), apply the new
+        ones, COMMIT.
         Returns each message's verdict (see dedup_claim)."""
         assert self.conn is not None
         for attempt in range(1, 6):
@@ -176,7 +177,6 @@ class Consumer:
                     new = [m for m in messages if verdicts[m.message_id] == "new"]
                     if new:
                         apply_effects(self.conn, new)
-                        dedup_complete(self.conn, [m.message_id for m in new])
                 return verdicts
             except TRANSIENT:
                 if attempt == 5:

@@ -3,7 +3,7 @@
 --   config                 which partition this database is (index, count) and whether it accepts calls
 --   idem_scope_hash(scope) / idem_scope_partition(scope, partitions)  the routing rule (same as the proxy's)
 --   idem_claim, idem_complete, idem_fail, idem_extend, idem_release, idem_forget, idem_lookup,
---   idem_claim_batch, idem_complete_batch (these two need extension 1.3)
+--   idem_claim_batch, idem_complete_batch (these two need extension 1.3; applied => true, 1.4)
 --                          the extension's functions behind an ownership check: a call for a
 --                          scope that is not this partition's raises IK900
 --   configure(...), stats(), stalled()  for the generator, the resharding tool and monitoring
@@ -155,11 +155,11 @@ BEGIN
 END
 $$;
 
--- The batch calls (extension 1.3): one scope per call, so one partition.
+-- The batch calls (extension 1.3; idem_claim_batch's applied, 1.4): one scope per call, so one partition.
 CREATE FUNCTION idem_partition.idem_claim_batch(keys text[], scope text DEFAULT '',
                                                 requests jsonb[] DEFAULT NULL, fingerprints bytea[] DEFAULT NULL,
                                                 ttl interval DEFAULT NULL, lease interval DEFAULT NULL,
-                                                wait interval DEFAULT NULL)
+                                                wait interval DEFAULT NULL, applied boolean DEFAULT false)
 RETURNS TABLE (key text, outcome %1$s.idem_outcome, inserted boolean, attempt integer,
                state %1$s.idem_state, response jsonb, response_code integer, retry_after_s integer,
                expires_at timestamptz)
@@ -167,7 +167,13 @@ LANGUAGE plpgsql AS $$
 BEGIN
     LOCK TABLE %1$s.idem_keys IN ROW EXCLUSIVE MODE;
     PERFORM idem_partition.check_owner(scope);
-    RETURN QUERY SELECT * FROM %1$s.idem_claim_batch(keys, scope, requests, fingerprints, ttl, lease, wait);
+    -- applied needs extension 1.4; without it, the call works with 1.3 too
+    IF applied THEN
+        RETURN QUERY SELECT * FROM %1$s.idem_claim_batch(keys, scope, requests, fingerprints, ttl, lease, wait,
+                                                          applied => true);
+    ELSE
+        RETURN QUERY SELECT * FROM %1$s.idem_claim_batch(keys, scope, requests, fingerprints, ttl, lease, wait);
+    END IF;
 END
 $$;
 

@@ -113,10 +113,12 @@ RETURNS boolean LANGUAGE plproxy AS $$
     TARGET idem_partition.idem_forget;
 $$;
 
--- Extension 1.3's batch calls: a batch has one scope, so one partition runs it whole.
+-- Extension 1.3's batch calls (applied: 1.4): a batch has one scope, so one partition runs it whole.
+-- Each proxied call commits on its own there, so applied => true records the ids as applied at once.
 CREATE FUNCTION idem_claim_batch(keys text[], scope text DEFAULT '', requests jsonb[] DEFAULT NULL,
                                  fingerprints bytea[] DEFAULT NULL, ttl interval DEFAULT NULL,
-                                 lease interval DEFAULT NULL, wait interval DEFAULT NULL)
+                                 lease interval DEFAULT NULL, wait interval DEFAULT NULL,
+                                 applied boolean DEFAULT false)
 RETURNS TABLE (key text, outcome idem_outcome, inserted boolean, attempt integer, state idem_state,
                response jsonb, response_code integer, retry_after_s integer, expires_at timestamptz)
 LANGUAGE plproxy AS $$

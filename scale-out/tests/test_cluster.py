@@ -382,6 +382,11 @@ def test_batches_through_the_proxy(four):
         assert rows_on(p, "scope = 'queue-a'") == [
             ("queue-a", "m1", "succeeded", 1, {"n": 1}, 200), ("queue-a", "m2", "succeeded", 1, None, 200),
             ("queue-a", "m3", "succeeded", 1, None, 200), ("queue-a", "m4", "pending", 1, None, None)]
+        # applied => true passes through: the claimed ids are stored already applied, one of
+        # them known (replay)
+        assert px.execute("SELECT key, outcome, state FROM idem_claim_batch(ARRAY['m5', 'm1'], 'queue-a',"
+                          " applied => true)").fetchall() == [("m1", "replay", "succeeded"), ("m5", "claimed", "succeeded")]
+        assert rows_on(p, "scope = 'queue-a' AND key = 'm5'") == [("queue-a", "m5", "succeeded", 1, None, None)]
         # bad input keeps its SQLSTATE through the proxy
         with pytest.raises(psycopg.Error) as error:
             px.execute("SELECT * FROM idem_claim_batch(ARRAY['ok', NULL], 'queue-a')")

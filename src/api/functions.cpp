@@ -198,6 +198,7 @@ IDEM_SQL_FUNCTION(idem_claim)
 	in.ttl = duration_arg(fcinfo, 3, "ttl");
 	in.lease = duration_arg(fcinfo, 4, "lease");
 	in.wait = PG_NARGS() > 6 ? wait_arg(fcinfo, 6) : nullptr;
+	in.applied = false;
 	in.has_fingerprint = false;
 	in.request = nullptr;
 	if (!PG_ARGISNULL(5))
@@ -444,7 +445,7 @@ constexpr int claim_batch_columns = 9;
 
 } // namespace
 
-// idem_claim_batch(keys, scope, requests, fingerprints, ttl, lease, wait)
+// idem_claim_batch(keys, scope, requests, fingerprints, ttl, lease, wait, applied)
 IDEM_SQL_FUNCTION(idem_claim_batch)
 {
 	ArrayArg keys;
@@ -486,6 +487,13 @@ IDEM_SQL_FUNCTION(idem_claim_batch)
 	in.ttl = duration_arg(fcinfo, 4, "ttl");
 	in.lease = duration_arg(fcinfo, 5, "lease");
 	in.wait = wait_arg(fcinfo, 6);
+	// A database still at 1.3 calls this library with 1.3's seven arguments.
+	in.applied = false;
+	if (PG_NARGS() > 7)
+	{
+		reject_null(fcinfo, 7, "applied");
+		in.applied = PG_GETARG_BOOL(7);
+	}
 	in.nkeys = keys.n;
 	in.keys = keys.value;
 	in.position = position;

@@ -142,6 +142,16 @@ serialization_failure(const char *what)
 	                errmsg("could not serialize access due to concurrent %s", what)));
 }
 
+// ClaimInput::applied: the claim's row is written already completed, as idem_complete with no
+// response would leave it, so that the key takes one row version instead of two.
+static void
+applied_row(const Catalog *c, TimestampTz now, KeyRow *row)
+{
+	set_state(c, row, STATE_SUCCEEDED);
+	set_null(row, COL_LOCKED_UNTIL);
+	set_timestamp(row, COL_COMPLETED_AT, now);
+}
+
 static void
 new_row(const Catalog *c, const ClaimInput *in, TimestampTz now, KeyRow *row)
 {
@@ -163,6 +173,8 @@ new_row(const Catalog *c, const ClaimInput *in, TimestampTz now, KeyRow *row)
 	set_timestamp(row, COL_CLAIMED_AT, now);
 	set_timestamp(row, COL_LOCKED_UNTIL, lease_end(in, now));
 	set_timestamp(row, COL_EXPIRES_AT, expiry(in, now));
+	if (in->applied)
+		applied_row(c, now, row);
 }
 
 // A new lease on an abandoned or retryable key: the fencing token moves on, the old outcome goes.
@@ -186,6 +198,8 @@ takeover_row(const Catalog *c, const ClaimInput *in, TimestampTz now, KeyRow *ro
 	TimestampTz expires = expiry(in, now);
 	if (expires > DatumGetTimestampTz(row->value[COL_EXPIRES_AT]))
 		set_timestamp(row, COL_EXPIRES_AT, expires);
+	if (in->applied)
+		applied_row(c, now, row);
 }
 
 static bool
@@ -276,6 +290,10 @@ answer(const Catalog *c, Outcome outcome, bool inserted, const KeyRow *row, Clai
 	{
 		case Outcome::claimed:
 			stats_count(inserted ? Counter::inserted : Counter::takeovers, scope);
+			// Claimed already applied (ClaimInput::applied): the attempt is also complete, with no
+			// work time to record.
+			if (row_in_state(c, row, STATE_SUCCEEDED))
+				stats_finished(Counter::completes, scope, 0);
 			break;
 		case Outcome::replay:
 			stats_count(Counter::replays, scope);
@@ -896,6 +914,7 @@ batch_fingerprints(const Catalog *c, const BatchClaimInput *in, bool *has, Datum
 		key_in.fingerprint = key_in.has_fingerprint ? in->fingerprints[i] : (Datum) 0;
 		bool has_request = in->request_null != nullptr && !in->request_null[i];
 		key_in.request = has_request ? DatumGetJsonbP(in->requests[i]) : nullptr;
+		key_in.applied = in->applied;
 		fingerprint_request(c, &key_in);
 		has[i] = key_in.has_fingerprint;
 		fingerprint[i] = key_in.fingerprint;
@@ -914,6 +933,7 @@ void
 claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 {
 	TimestampTz deadline = in->wait == nullptr ? 0 : add_interval(GetCurrentTimestamp(), in->wait);
+	stats_batch_begin(in->scope);
 	int *order = sorted_positions(in->nkeys, in->keys);
 	KeyTable kt;
 	bool direct = keytable_open(&kt, Access::write, "idem_claim_batch()");
@@ -962,6 +982,7 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 		key_in.ttl = in->ttl;
 		key_in.lease = in->lease;
 		key_in.wait = in->wait;
+		key_in.applied = in->applied;
 		stats_count(Counter::claims, in->scope);
 		ClaimOutput out;
 		out.retry_after = nullptr;
@@ -988,6 +1009,7 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 	if (direct)
 		keytable_close(&kt);
 	pfree(order);
+	stats_batch_end();
 }
 
 int64

@@ -26,6 +26,8 @@ struct ClaimInput
 	const Interval *ttl;      // nullptr: idempotency.default_ttl
 	const Interval *lease;    // nullptr: idempotency.default_lease
 	const Interval *wait;     // nullptr: NULL
+	bool applied;             // a key this claim writes is written already completed (succeeded,
+	                          // no response): for a caller that applies it in this transaction
 };
 
 // idem_claim_result, from the key's row after the claim.
@@ -68,6 +70,7 @@ struct BatchClaimInput
 	const Interval *ttl;
 	const Interval *lease;
 	const Interval *wait;         // bounds the whole call, not each key
+	bool applied;                 // ClaimInput::applied, for every key
 };
 
 // Called once per distinct key, in the order the keys are claimed, with the key's index in the

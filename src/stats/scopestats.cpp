@@ -385,6 +385,29 @@ scope_stats_count(Counter c, Datum scope)
 }
 
 void
+scope_stats_add(Datum scope, const uint64 *counts)
+{
+	if (shared == nullptr || !OidIsValid(MyDatabaseId))
+		return;
+	ScopeKey key;
+	if (!make_key(scope, &key))
+		return;
+	ScopeData *d = find_or_create(&key, get_hash_value(scopes, &key));
+	if (d == nullptr)
+		return;
+	Stripe *s = &d->stripe[my_stripe()];
+	for (int c = 0; c < scope_counter_count; c++)
+	{
+		if (counts[c] == 0)
+			continue;
+		pg_atomic_fetch_add_u64(&s->count[c], counts[c]);
+		if (answers_claim(static_cast<Counter>(c)))
+			pg_atomic_fetch_add_u64(&s->count[static_cast<int>(Counter::claims)], counts[c]);
+	}
+	LWLockRelease(shared->lock);
+}
+
+void
 scope_stats_finished(Counter c, Datum scope, int64 elapsed_us)
 {
 	lookup_and(scope, c, elapsed_us);

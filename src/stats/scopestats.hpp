@@ -18,6 +18,10 @@ void scope_stats_request_shmem();
 // a claim's answer (inserted, takeovers, replays, in_progress, mismatches) also counts the claim.
 void scope_stats_count(Counter c, Datum scope);
 
+// scope_stats_count for many counts at once: counts[c] more of each Counter c below
+// scope_counter_count, in one lookup.
+void scope_stats_add(Datum scope, const uint64 *counts);
+
 // An attempt of `scope` finished (complete, fail or release: `c`) `elapsed_us` after its claim.
 void scope_stats_finished(Counter c, Datum scope, int64 elapsed_us);
 

@@ -216,9 +216,72 @@ add_own(BackendSlot *b, Counter c, uint64 n)
 	pg_atomic_write_u64(v, pg_atomic_read_u64(v) + n);
 }
 
+// The counts of the running batch (stats_batch_begin), not yet published.
+static struct
+{
+	bool active;
+	uint64 generation;
+	Datum scope;
+	uint64 count[static_cast<int>(Counter::count)];
+} batch;
+
+static void
+publish_batch()
+{
+	if (!batch.active)
+		return;
+	batch.active = false;
+	BackendSlot *b = my_backend_slot();
+	if (b == nullptr)
+		return;
+	for (int c = 0; c < static_cast<int>(Counter::count); c++)
+		if (batch.count[c] != 0)
+			add_own(b, static_cast<Counter>(c), batch.count[c]);
+	if (!setting_track)
+		return;
+	// Per scope, a claim is counted with its answer (scope_stats_add), as by stats_count.
+	batch.count[static_cast<int>(Counter::claims)] = 0;
+	scope_stats_add(batch.scope, batch.count);
+}
+
+// The batch's memory context goes: still active means an error ended the batch.
+static void
+batch_context_gone(void *arg)
+{
+	if (batch.active && batch.generation == reinterpret_cast<uintptr_t>(arg))
+		publish_batch();
+}
+
+void
+stats_batch_begin(Datum scope)
+{
+	// A batch inside a batch (a row-level security policy calling idem_claim_batch): the outer
+	// one's counts so far are published, its later ones counted one by one.
+	publish_batch();
+	batch.active = true;
+	batch.generation++;
+	batch.scope = PointerGetDatum(DatumGetTextPCopy(scope));
+	memset(batch.count, 0, sizeof(batch.count));
+	MemoryContextCallback *cb = (MemoryContextCallback *) palloc(sizeof(MemoryContextCallback));
+	cb->func = batch_context_gone;
+	cb->arg = reinterpret_cast<void *>(static_cast<uintptr_t>(batch.generation));
+	MemoryContextRegisterResetCallback(CurrentMemoryContext, cb);
+}
+
+void
+stats_batch_end()
+{
+	publish_batch();
+}
+
 void
 stats_count(Counter c, Datum scope)
 {
+	if (batch.active)
+	{
+		batch.count[static_cast<int>(c)]++;
+		return;
+	}
 	BackendSlot *b = my_backend_slot();
 	if (b == nullptr)
 		return;
@@ -231,6 +294,11 @@ stats_count(Counter c, Datum scope)
 void
 stats_finished(Counter c, Datum scope, TimestampTz claimed_at)
 {
+	if (batch.active && claimed_at == 0)
+	{
+		batch.count[static_cast<int>(c)]++;
+		return;
+	}
 	BackendSlot *b = my_backend_slot();
 	if (b == nullptr)
 		return;

@@ -43,6 +43,14 @@ void stats_count(Counter c, Datum scope);
 // does), claimed at `claimed_at` (0: unknown, then only counted).
 void stats_finished(Counter c, Datum scope, TimestampTz claimed_at);
 
+// A batch of one scope (idem_claim_batch): from stats_batch_begin to stats_batch_end, the counts
+// of stats_count, and of stats_finished without a claim time, add up in this backend and reach
+// shared memory once, with one lookup of the scope's entry instead of one per key. Every count in
+// between is of `scope`. A batch ended by an error publishes its counts when the memory context
+// current at stats_batch_begin goes.
+void stats_batch_begin(Datum scope);
+void stats_batch_end();
+
 // n entries of database `dboid` were evicted from idem_scope_stats.
 void stats_dealloc(Oid dboid, uint64 n);
 

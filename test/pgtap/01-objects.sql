@@ -7,9 +7,9 @@ SELECT plan(76);
 -- The extension itself
 SELECT has_extension('idempotency', 'extension idempotency is installed');
 SELECT is((SELECT extversion FROM pg_extension WHERE extname = 'idempotency'),
-          '1.3', 'installed version is 1.3');
+          '1.4', 'installed version is 1.4');
 SELECT is((SELECT default_version FROM pg_available_extensions WHERE name = 'idempotency'),
-          '1.3', 'default version is 1.3');
+          '1.4', 'default version is 1.4');
 SELECT is((SELECT extrelocatable FROM pg_extension WHERE extname = 'idempotency'),
           false, 'extension is not relocatable');
 SELECT ok((SELECT 'idem_keys'::regclass = ANY (extconfig)

@@ -2,12 +2,16 @@
 # of 20 ids drawn at random (in random order, repeats included) from 300, claimed with
 # idem_claim_batch, the claimed ones applied (a business row each) and completed with
 # idem_complete_batch in the same transaction; 1 in 10 transactions rolls back. Half the clients
-# wait for in-flight ids (no `wait`), half never block (`wait => '0'`).
+# wait for in-flight ids (no `wait`), half never block (`wait => '0'`). Then the same with
+# `applied => true` (1.4): the claim is the record, no completion.
 #
 # Batches overlap in every order: a deadlock would fail a transaction (40P01). Afterwards each
 # succeeded id has exactly one business row, no business row lacks its succeeded id, and no id is
 # left pending. The business table has no unique constraint: a double apply would show as a
 # second row.
+#
+# Then kill -9 of a backend in the middle of a large applied batch: after the crash restart
+# nothing of the batch is there, and running it again claims every id.
 
 use strict;
 use warnings;
@@ -27,13 +31,15 @@ shared_preload_libraries = 'idempotency'
 max_connections = 40
 log_min_messages = warning
 deadlock_timeout = 100ms
+restart_after_crash = on
 });
 $node->start;
 
 $node->safe_psql(
 	'postgres', q{
 CREATE EXTENSION idempotency;
-CREATE TABLE applied (key text NOT NULL, client_id integer NOT NULL);  -- deliberately not unique
+-- deliberately not unique
+CREATE TABLE applied (scope text NOT NULL DEFAULT 'stress', key text NOT NULL, client_id integer NOT NULL);
 });
 
 sub run_pgbench
@@ -71,39 +77,100 @@ COMMIT;
 (my $waiting = $batch) =~ s/ WAIT//;
 (my $nowait = $batch) =~ s/ WAIT/, wait => '0'/;
 
-my @runs = (
-	[ 'waiting', run_pgbench('waiting', $waiting) ],
-	[ 'nowait',  run_pgbench('nowait',  $nowait) ]);
-my $total = $clients / 2 * $per_client;
-for my $run (@runs)
-{
-	my ($name, $h, $out, $err) = @$run;
-	$h->finish;
-	is($h->result(0), 0, "$name: pgbench exits 0");
-	like($$out, qr/number of transactions actually processed: $total\/$total\b/,
-		"$name: all $total transactions processed");
-	unlike($$err, qr/ERROR|deadlock|aborted/, "$name: no error, no deadlock");
-	diag "pgbench $name stderr:\n$$err" if $$err ne '';
-}
+# Applied mode: the business rows and the claims, written together, are the whole transaction.
+my $applied_batch = q{
+\set r random(1, 10)
+BEGIN;
+INSERT INTO applied (scope, key, client_id)
+SELECT 'stress-applied', key, :client_id FROM idem_claim_batch(
+    array(SELECT 'm' || floor(random() * 300)::int FROM generate_series(1, 20)), 'stress-applied',
+    applied => true WAIT)
+ WHERE outcome = 'claimed';
+\if :r = 1
+ROLLBACK;
+\else
+COMMIT;
+\endif
+};
+(my $applied_waiting = $applied_batch) =~ s/ WAIT//;
+(my $applied_nowait = $applied_batch) =~ s/ WAIT/, wait => '0'/;
 
 sub query { return $node->safe_psql('postgres', $_[0]); }
 
-my $succeeded = query(q{SELECT count(*) FROM idem_keys WHERE scope = 'stress' AND state = 'succeeded'});
-ok($succeeded > 200, "most of the 300 ids were applied ($succeeded)");
-is(query(q{SELECT count(*) FROM idem_keys WHERE scope = 'stress' AND state <> 'succeeded'}),
-	'0', 'no id left pending');
-is(query(q{SELECT count(*) FROM (SELECT key FROM applied GROUP BY key HAVING count(*) > 1) d}),
-	'0', 'no id applied twice');
-is( query(
-		q{SELECT count(*) FROM idem_keys k WHERE k.scope = 'stress'
-		    AND NOT EXISTS (SELECT FROM applied a WHERE a.key = k.key)}),
-	'0', 'every succeeded id was applied');
-is( query(
-		q{SELECT count(*) FROM applied a
-		   WHERE NOT EXISTS (SELECT FROM idem_keys k WHERE k.scope = 'stress' AND k.key = a.key)}),
-	'0', 'no business row without its id');
-is($node->safe_psql('postgres', q{SELECT count(*) FROM idem_keys WHERE scope = 'stress' AND attempt <> 1}),
-	'0', 'no takeover: every id was claimed once, at attempt 1');
+my $total = $clients / 2 * $per_client;
+for my $mode ([ 'stress', $waiting, $nowait ], [ 'stress-applied', $applied_waiting, $applied_nowait ])
+{
+	my ($scope, $wait_script, $nowait_script) = @$mode;
+	my @runs = (
+		[ "$scope waiting", run_pgbench("$scope-waiting", $wait_script) ],
+		[ "$scope nowait",  run_pgbench("$scope-nowait",  $nowait_script) ]);
+	for my $run (@runs)
+	{
+		my ($name, $h, $out, $err) = @$run;
+		$h->finish;
+		is($h->result(0), 0, "$name: pgbench exits 0");
+		like($$out, qr/number of transactions actually processed: $total\/$total\b/,
+			"$name: all $total transactions processed");
+		unlike($$err, qr/ERROR|deadlock|aborted/, "$name: no error, no deadlock");
+		diag "pgbench $name stderr:\n$$err" if $$err ne '';
+	}
+
+	my $succeeded = query(qq{SELECT count(*) FROM idem_keys WHERE scope = '$scope' AND state = 'succeeded'});
+	ok($succeeded > 200, "$scope: most of the 300 ids were applied ($succeeded)");
+	is(query(qq{SELECT count(*) FROM idem_keys WHERE scope = '$scope' AND state <> 'succeeded'}),
+		'0', "$scope: no id left pending");
+	is( query(
+			qq{SELECT count(*) FROM (SELECT key FROM applied WHERE scope = '$scope' GROUP BY key HAVING count(*) > 1) d}),
+		'0', "$scope: no id applied twice");
+	is( query(
+			qq{SELECT count(*) FROM idem_keys k WHERE k.scope = '$scope'
+			    AND NOT EXISTS (SELECT FROM applied a WHERE a.scope = k.scope AND a.key = k.key)}),
+		'0', "$scope: every succeeded id was applied");
+	is( query(
+			qq{SELECT count(*) FROM applied a WHERE a.scope = '$scope'
+			   AND NOT EXISTS (SELECT FROM idem_keys k WHERE k.scope = a.scope AND k.key = a.key)}),
+		'0', "$scope: no business row without its id");
+	is(query(qq{SELECT count(*) FROM idem_keys WHERE scope = '$scope' AND attempt <> 1}),
+		'0', "$scope: no takeover: every id was claimed once, at attempt 1");
+}
+is(query(q{SELECT count(*) FROM idem_keys WHERE scope = 'stress-applied' AND (locked_until IS NOT NULL OR completed_at IS NULL)}),
+	'0', 'applied mode: every id stored completed, without a lease');
+
+# ---- kill -9 of a backend in the middle of a large applied batch
+# A second session holds crash-5 uncommitted, so the batch, taking its ids in key order, writes
+# the ids before it (crash-1..., crash-2..., crash-3..., crash-4...: 4 in 9 of them) and then waits.
+my $n = 20000;
+my $batch_sql = qq{SELECT count(*) FROM idem_claim_batch(
+    array(SELECT 'crash-' || g FROM generate_series(1, $n) g), 'crash', applied => true)};
+my $holder = $node->background_psql('postgres', on_error_stop => 0);
+$holder->query_safe(q{BEGIN; SELECT count(*) FROM idem_claim_batch(ARRAY['crash-5'], 'crash', applied => true)});
+my $size_before = query(q{SELECT pg_relation_size('idem_keys')});
+my $consumer = $node->background_psql('postgres', on_error_stop => 0);
+my $victim = $consumer->query_safe('SELECT pg_backend_pid()');
+$consumer->{stdin} .= "BEGIN; $batch_sql; COMMIT;\n";
+$consumer->{run}->pump_nb;
+ok( $node->poll_query_until(
+		'postgres', qq{SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $victim}),
+	'the large applied batch waits for crash-5');
+my $size_during = query(q{SELECT pg_relation_size('idem_keys')});
+cmp_ok($size_during, '>', $size_before + 40 * 8192, "the batch has written its first ids ($size_before -> $size_during bytes)");
+
+my $logstart = -s $node->logfile;
+ok(kill('KILL', $victim), "SIGKILL sent to the batch's backend ($victim)");
+$node->wait_for_log(qr/all server processes terminated; reinitializing/, $logstart);
+ok($node->poll_query_until('postgres', 'SELECT true'), 'the server accepts connections again');
+ok($node->log_contains(qr/server process \(PID $victim\) was terminated by signal 9/, $logstart),
+	'the backend died of SIGKILL and the postmaster restarted');
+# the two psql clients lost their backends (the consumer's has exited already): end them
+$_->{run}->kill_kill for ($holder, $consumer);
+
+is(query(q{SELECT count(*) FROM idem_keys WHERE scope = 'crash'}), '0', 'nothing of the batch is visible after recovery');
+is( query(qq{SELECT count(*) FILTER (WHERE outcome = 'claimed' AND inserted) FROM idem_claim_batch(
+                array(SELECT 'crash-' || g FROM generate_series(1, $n) g), 'crash', applied => true)}),
+	$n, "running the batch again claims all $n ids as new");
+is( query(q{SELECT count(*) FILTER (WHERE state = 'succeeded' AND attempt = 1) || '/' || count(*)
+              FROM idem_keys WHERE scope = 'crash'}),
+	"$n/$n", 'and claims every id, applied, at attempt 1');
 
 $node->stop;
 done_testing();
