@@ -162,7 +162,7 @@ sha256_init(Sha256 *h)
 }
 
 void
-sha256_update(Sha256 *h, const void *data, size_t len)
+sha256_update_blocks(Sha256 *h, const void *data, size_t len)
 {
 	const uint8_t *p = static_cast<const uint8_t *>(data);
 	h->length += len;

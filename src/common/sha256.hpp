@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace idem {
 
@@ -21,8 +22,24 @@ struct Sha256
 };
 
 void sha256_init(Sha256 *h);
-void sha256_update(Sha256 *h, const void *data, size_t len);
 void sha256_final(Sha256 *h, uint8_t digest[sha256_digest_bytes]);
+
+// sha256_update's general case (any input; called for input that completes the buffered block).
+void sha256_update_blocks(Sha256 *h, const void *data, size_t len);
+
+// Inline for the short pieces (a quote, a key, ", ") that a canonical text is fed in.
+inline void
+sha256_update(Sha256 *h, const void *data, size_t len)
+{
+	if (len < sizeof(h->block) - h->used)
+	{
+		memcpy(h->block + h->used, data, len);
+		h->used += len;
+		h->length += len;
+		return;
+	}
+	sha256_update_blocks(h, data, len);
+}
 
 // The compression function: `count` consecutive 64-byte blocks into `state`. sha256_update and
 // sha256_final use the hardware one when the CPU has it (chosen once, when the library is
