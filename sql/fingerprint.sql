@@ -166,4 +166,33 @@ SELECT key, fingerprint = sha256(convert_to(scope, 'UTF8') || '\x00'::bytea
            AS sha256_agrees
 FROM idem_keys WHERE key IN ('fp-utf8', 'fp-long') ORDER BY key;
 
+-- 9. The canonical text is jsonb's text form byte for byte: every control character escaped,
+-- quotes and backslashes in keys and values, nesting, empty containers, scalars at the top level,
+-- long and negative numbers, non-ASCII text; numbers with trailing fraction zeros at any depth
+-- are written trimmed.
+CREATE TEMP TABLE fp_corpus (n int, request jsonb, canonical text);
+INSERT INTO fp_corpus (n, request) VALUES
+  (1, jsonb_build_array((SELECT string_agg(chr(i), '' ORDER BY i) FROM generate_series(1, 31) i))),
+  (2, jsonb_build_object(E'k\n"\\/', E'v\t"x"\\', E'\u0001', E'\u001f')),
+  (3, '{"a": [], "b": {}, "c": [[], {}, [1, [2, {"d": null}]]], "e": true, "f": false}'),
+  (4, 'true'), (5, 'false'), (6, 'null'), (7, '-0.5'), (8, '""'), (9, '[""]'), (10, '{"": ""}'),
+  (11, '12345678901234567890.123456789'), (12, '1e40'), (13, '-7e-5'),
+  (14, '"é 😀 \u007f ✓"'), (15, '[1, "a", null, true, {"x": [false, {"y": "z"}]}]'),
+  (16, '{"z": 1, "a": {"m": [3, 2, 1], "b": "\\u0041"}}'), (17, '[[[[[]]]]]'), (18, '{}'), (19, '[]');
+UPDATE fp_corpus SET canonical = request::text;
+INSERT INTO fp_corpus VALUES
+  (20, '[1.50, {"a": 2.000, "b": [0.10, -3.0]}, 100, 1e2, 1.0e-2]', '[1.5, {"a": 2, "b": [0.1, -3]}, 100, 100, 0.01]'),
+  (21, '{"k": 10.0}', '{"k": 10}');
+SELECT count(*) AS claimed
+FROM fp_corpus, idem_claim('fp-c-' || n, request, 'fp') c WHERE c.outcome = 'claimed';
+SELECT count(*) AS keys,
+       count(*) FILTER (WHERE fingerprint = sha256(convert_to('fp', 'UTF8') || '\x00'::bytea
+                                                   || convert_to(canonical, 'UTF8'))) AS sha256_agrees,
+       string_agg(n::text, ', ') FILTER (WHERE fingerprint <> sha256(convert_to('fp', 'UTF8') || '\x00'::bytea
+                                                                      || convert_to(canonical, 'UTF8'))) AS disagree
+FROM fp_corpus JOIN idem_keys ON scope = 'fp' AND key = 'fp-c-' || n;
+-- and each request is recognised as itself
+SELECT count(*) FILTER (WHERE c.outcome = 'in_progress') AS in_progress
+FROM fp_corpus, idem_claim('fp-c-' || n, request, 'fp') c;
+
 DELETE FROM idem_keys WHERE scope IN ('fp', 'fp-b', 'fpx', 'fpx1') OR (scope = '' AND key LIKE 'fp-%');

@@ -4,15 +4,163 @@
 
 namespace idem {
 
-// jsonb's text form is canonical: key order, duplicates and white space are normalised.
-static char *
-canonical_text(Jsonb *request)
+// The canonical text is jsonb's text form (JsonbToCString: key order, duplicates and white space
+// are normalised), fed to the hash piece by piece as it is written, with no text built: a claim
+// hashes it on every call, a replay included.
+
+static void
+put(Sha256 *hash, const char *bytes, size_t len)
 {
-	return JsonbToCString(nullptr, &request->root, VARSIZE(request));
+	sha256_update(hash, bytes, len);
+}
+
+// A string as escape_json writes it: the runs that need no escape go to the hash whole.
+static void
+put_string(Sha256 *hash, const char *s, size_t len)
+{
+	put(hash, "\"", 1);
+	const char *run = s;
+	const char *end = s + len;
+	for (const char *p = s; p < end; p++)
+	{
+		unsigned char ch = (unsigned char) *p;
+		const char *escape;
+		char unicode[7];
+		switch (ch)
+		{
+			case '\b': escape = "\\b"; break;
+			case '\f': escape = "\\f"; break;
+			case '\n': escape = "\\n"; break;
+			case '\r': escape = "\\r"; break;
+			case '\t': escape = "\\t"; break;
+			case '"': escape = "\\\""; break;
+			case '\\': escape = "\\\\"; break;
+			default:
+				if (ch >= ' ')
+					continue;
+				snprintf(unicode, sizeof(unicode), "\\u%04x", ch);
+				escape = unicode;
+				break;
+		}
+		put(hash, run, p - run);
+		put(hash, escape, strlen(escape));
+		run = p + 1;
+	}
+	put(hash, run, end - run);
+	put(hash, "\"", 1);
+}
+
+// Whether a number's text (numeric_out's: the whole display scale, never an exponent) has
+// trailing fraction zeros, i.e. differs from its trimmed form.
+static bool
+is_untrimmed(const char *number)
+{
+	size_t len = strlen(number);
+	return len > 0 && number[len - 1] == '0' && memchr(number, '.', len) != nullptr;
+}
+
+static void
+put_number(Sha256 *hash, Numeric n, bool trim_numbers)
+{
+	char *text = DatumGetCString(DirectFunctionCall1(numeric_out, NumericGetDatum(n)));
+	if (trim_numbers && is_untrimmed(text))
+	{
+		pfree(text);
+		Datum trimmed = DirectFunctionCall1(numeric_trim_scale, NumericGetDatum(n));
+		text = DatumGetCString(DirectFunctionCall1(numeric_out, trimmed));
+	}
+	put(hash, text, strlen(text));
+	pfree(text);
+}
+
+static void
+put_scalar(Sha256 *hash, const JsonbValue *v, bool trim_numbers)
+{
+	switch (v->type)
+	{
+		case jbvNull:
+			put(hash, "null", 4);
+			break;
+		case jbvString:
+			put_string(hash, v->val.string.val, v->val.string.len);
+			break;
+		case jbvNumeric:
+			put_number(hash, v->val.numeric, trim_numbers);
+			break;
+		case jbvBool:
+			if (v->val.boolean)
+				put(hash, "true", 4);
+			else
+				put(hash, "false", 5);
+			break;
+		default:
+			elog(ERROR, "idempotency: unexpected jsonb value type %d in a request", (int) v->type);
+	}
+}
+
+// JsonbToCString's text without indentation: ", " between items, ": " after a key, a scalar at
+// the top level without its pseudo-array's brackets.
+static void
+put_canonical(Sha256 *hash, Jsonb *request, bool trim_numbers)
+{
+	JsonbIterator *it = JsonbIteratorInit(&request->root);
+	JsonbValue v;
+	JsonbIteratorToken token;
+	bool first = true; // nothing yet in the current container (or a key's value comes next)
+	bool raw_scalar = false;
+	while ((token = JsonbIteratorNext(&it, &v, false)) != WJB_DONE)
+	{
+		switch (token)
+		{
+			case WJB_BEGIN_ARRAY:
+				if (!first)
+					put(hash, ", ", 2);
+				if (v.val.array.rawScalar)
+					raw_scalar = true;
+				else
+					put(hash, "[", 1);
+				first = true;
+				break;
+			case WJB_BEGIN_OBJECT:
+				if (!first)
+					put(hash, ", ", 2);
+				put(hash, "{", 1);
+				first = true;
+				break;
+			case WJB_KEY:
+				if (!first)
+					put(hash, ", ", 2);
+				put_scalar(hash, &v, trim_numbers);
+				put(hash, ": ", 2);
+				first = true;
+				break;
+			case WJB_VALUE:
+				put_scalar(hash, &v, trim_numbers);
+				first = false;
+				break;
+			case WJB_ELEM:
+				if (!first)
+					put(hash, ", ", 2);
+				put_scalar(hash, &v, trim_numbers);
+				first = false;
+				break;
+			case WJB_END_ARRAY:
+				if (!raw_scalar)
+					put(hash, "]", 1);
+				first = false;
+				break;
+			case WJB_END_OBJECT:
+				put(hash, "}", 1);
+				first = false;
+				break;
+			default:
+				elog(ERROR, "idempotency: unexpected jsonb iterator token %d in a request", (int) token);
+		}
+	}
 }
 
 static bytea *
-hash_text(text *scope, const char *canonical)
+fingerprint(text *scope, Jsonb *request, bool trim_numbers)
 {
 	static const char separator = '\0';
 
@@ -20,7 +168,7 @@ hash_text(text *scope, const char *canonical)
 	sha256_init(&hash);
 	sha256_update(&hash, VARDATA_ANY(scope), VARSIZE_ANY_EXHDR(scope));
 	sha256_update(&hash, &separator, 1);
-	sha256_update(&hash, canonical, strlen(canonical));
+	put_canonical(&hash, request, trim_numbers);
 
 	bytea *digest = (bytea *) palloc(VARHDRSZ + sha256_digest_bytes);
 	SET_VARSIZE(digest, VARHDRSZ + sha256_digest_bytes);
@@ -28,98 +176,16 @@ hash_text(text *scope, const char *canonical)
 	return digest;
 }
 
-static Numeric
-trimmed(Numeric n)
-{
-	return DatumGetNumeric(DirectFunctionCall1(numeric_trim_scale, NumericGetDatum(n)));
-}
-
-static bool
-is_number(JsonbIteratorToken token, const JsonbValue *v)
-{
-	return (token == WJB_VALUE || token == WJB_ELEM) && v->type == jbvNumeric;
-}
-
-// Whether some number in the canonical text has trailing fraction zeros. numeric_out writes a
-// number's display scale in full and never an exponent, so a number differs from its trimmed form
-// exactly when its text has a fraction ending in '0'. Reading the text that is hashed anyway costs
-// a claim less than walking the jsonb and trimming every number.
-static bool
-has_untrimmed_number(const char *canonical)
-{
-	bool in_string = false;
-	bool in_fraction = false;
-	char last = '\0';
-	for (const char *p = canonical;; p++)
-	{
-		char ch = *p;
-		if (in_string)
-		{
-			if (ch == '\\')
-				p++; // escape_json escapes one character at a time: skip it
-			else if (ch == '"')
-				in_string = false;
-			continue;
-		}
-		if (in_fraction && (ch < '0' || ch > '9'))
-		{
-			if (last == '0')
-				return true;
-			in_fraction = false;
-		}
-		if (ch == '\0')
-			return false;
-		if (ch == '"')
-			in_string = true;
-		else if (ch == '.')
-			in_fraction = true;
-		last = ch;
-	}
-}
-
-// The jsonb with every number trimmed of trailing fraction zeros.
-static Jsonb *
-with_trimmed_numbers(Jsonb *request)
-{
-	JsonbParseState *state = nullptr;
-	JsonbValue *result = nullptr;
-	JsonbIterator *it = JsonbIteratorInit(&request->root);
-	JsonbValue v;
-	JsonbIteratorToken token;
-	while ((token = JsonbIteratorNext(&it, &v, false)) != WJB_DONE)
-	{
-		if (is_number(token, &v))
-			v.val.numeric = trimmed(v.val.numeric);
-		// Values go with their token; of the container tokens only a scalar's pseudo-array
-		// carries one (its rawScalar flag).
-		bool with_value = token == WJB_KEY || token == WJB_VALUE || token == WJB_ELEM ||
-		                  (token == WJB_BEGIN_ARRAY && v.val.array.rawScalar);
-		result = pushJsonbValue(&state, token, with_value ? &v : nullptr);
-	}
-	return JsonbValueToJsonb(result);
-}
-
 bytea *
 request_fingerprint(text *scope, Jsonb *request)
 {
-	char *canonical = canonical_text(request);
-	if (has_untrimmed_number(canonical))
-	{
-		pfree(canonical);
-		canonical = canonical_text(with_trimmed_numbers(request));
-	}
-	bytea *digest = hash_text(scope, canonical);
-	pfree(canonical);
-	return digest;
+	return fingerprint(scope, request, true);
 }
 
 bytea *
 request_fingerprint_1_1(text *scope, Jsonb *request)
 {
-	char *canonical = canonical_text(request);
-	bytea *digest = hash_text(scope, canonical);
-	pfree(canonical);
-	return digest;
+	return fingerprint(scope, request, false);
 }
 
 } // namespace idem

@@ -2,9 +2,13 @@
 
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace idem {
 
-static const uint32_t round_constants[64] = {
+alignas(16) static const uint32_t round_constants[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
     0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
     0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
@@ -61,6 +65,93 @@ compress(uint32_t state[8], const uint8_t *p)
 }
 
 void
+sha256_blocks_portable(uint32_t state[8], const uint8_t *blocks, size_t count)
+{
+	for (; count > 0; count--, blocks += 64)
+		compress(state, blocks);
+}
+
+#if defined(__x86_64__)
+
+// SHA-NI: sha256rnds2 does two rounds on the working variables held as (A, B, E, F) and
+// (C, D, G, H) vectors (highest lane first); sha256msg1 and sha256msg2 extend the schedule four
+// words at a time. Compiled for those instructions only here, and called only where the CPU has
+// them.
+__attribute__((target("sha,sse4.1,ssse3"))) static void
+sha256_blocks_shani(uint32_t state[8], const uint8_t *blocks, size_t count)
+{
+	// each 32-bit word of a block is big-endian
+	const __m128i byteswap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+
+	// state[0..7] = A..H into ABEF = lanes (F, E, B, A) and CDGH = lanes (H, G, D, C)
+	__m128i badc = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *) &state[0]), 0xB1);
+	__m128i hgfe = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *) &state[4]), 0x1B);
+	__m128i abef = _mm_alignr_epi8(badc, hgfe, 8);
+	__m128i cdgh = _mm_blend_epi16(hgfe, badc, 0xF0);
+
+	for (; count > 0; count--, blocks += 64)
+	{
+		const __m128i abef_before = abef, cdgh_before = cdgh;
+		__m128i w[4]; // words 4j .. 4j+3 of the schedule, j mod 4
+		// unrolled, the four vectors stay in registers
+#pragma GCC unroll 16
+		for (int j = 0; j < 16; j++)
+		{
+			__m128i words;
+			if (j < 4)
+				words = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *) (blocks + 16 * j)), byteswap);
+			else
+			{
+				// W[t-16] + σ0(W[t-15]), + W[t-7], then + σ1(W[t-2]) for t = 4j .. 4j+3
+				__m128i partial = _mm_sha256msg1_epu32(w[j & 3], w[(j + 1) & 3]);
+				partial = _mm_add_epi32(partial, _mm_alignr_epi8(w[(j + 3) & 3], w[(j + 2) & 3], 4));
+				words = _mm_sha256msg2_epu32(partial, w[(j + 3) & 3]);
+			}
+			w[j & 3] = words;
+			__m128i kw = _mm_add_epi32(words, _mm_load_si128((const __m128i *) &round_constants[4 * j]));
+			cdgh = _mm_sha256rnds2_epu32(cdgh, abef, kw);
+			abef = _mm_sha256rnds2_epu32(abef, cdgh, _mm_shuffle_epi32(kw, 0x0E));
+		}
+		abef = _mm_add_epi32(abef, abef_before);
+		cdgh = _mm_add_epi32(cdgh, cdgh_before);
+	}
+
+	// back to A..H
+	__m128i abef_lanes = _mm_shuffle_epi32(abef, 0x1B); // (A, B, E, F) from the lowest lane
+	__m128i ghcd = _mm_shuffle_epi32(cdgh, 0xB1);        // (G, H, C, D)
+	_mm_storeu_si128((__m128i *) &state[0], _mm_blend_epi16(abef_lanes, ghcd, 0xF0));
+	_mm_storeu_si128((__m128i *) &state[4], _mm_alignr_epi8(ghcd, abef_lanes, 8));
+}
+
+Sha256Blocks
+sha256_blocks_hardware()
+{
+	__builtin_cpu_init();
+	if (__builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1") && __builtin_cpu_supports("ssse3"))
+		return sha256_blocks_shani;
+	return nullptr;
+}
+
+#else
+
+Sha256Blocks
+sha256_blocks_hardware()
+{
+	return nullptr;
+}
+
+#endif
+
+static Sha256Blocks
+choose_blocks()
+{
+	Sha256Blocks hardware = sha256_blocks_hardware();
+	return hardware ? hardware : sha256_blocks_portable;
+}
+
+static const Sha256Blocks compress_blocks = choose_blocks();
+
+void
 sha256_init(Sha256 *h)
 {
 	static const uint32_t initial[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
@@ -71,7 +162,7 @@ sha256_init(Sha256 *h)
 }
 
 void
-sha256_update(Sha256 *h, const void *data, size_t len)
+sha256_update_blocks(Sha256 *h, const void *data, size_t len)
 {
 	const uint8_t *p = static_cast<const uint8_t *>(data);
 	h->length += len;
@@ -84,11 +175,15 @@ sha256_update(Sha256 *h, const void *data, size_t len)
 		len -= take;
 		if (h->used < 64)
 			return;
-		compress(h->state, h->block);
+		compress_blocks(h->state, h->block, 1);
 		h->used = 0;
 	}
-	for (; len >= 64; p += 64, len -= 64)
-		compress(h->state, p);
+	if (len >= 64)
+	{
+		compress_blocks(h->state, p, len / 64);
+		p += len - len % 64;
+		len %= 64;
+	}
 	memcpy(h->block, p, len);
 	h->used = len;
 }
@@ -101,13 +196,13 @@ sha256_final(Sha256 *h, uint8_t digest[sha256_digest_bytes])
 	if (h->used > 56)
 	{
 		memset(h->block + h->used, 0, 64 - h->used);
-		compress(h->state, h->block);
+		compress_blocks(h->state, h->block, 1);
 		h->used = 0;
 	}
 	memset(h->block + h->used, 0, 56 - h->used);
 	for (int i = 0; i < 8; i++)
 		h->block[56 + i] = (uint8_t) (bits >> (56 - 8 * i));
-	compress(h->state, h->block);
+	compress_blocks(h->state, h->block, 1);
 	for (int i = 0; i < 8; i++)
 	{
 		digest[4 * i] = (uint8_t) (h->state[i] >> 24);
