@@ -8,17 +8,11 @@ namespace idem {
 // are normalised), fed to the hash piece by piece as it is written, with no text built: a claim
 // hashes it on every call, a replay included.
 
-static void
-put(Sha256 *hash, const char *bytes, size_t len)
-{
-	sha256_update(hash, bytes, len);
-}
-
 // A string as escape_json writes it: the runs that need no escape go to the hash whole.
 static void
 put_string(Sha256 *hash, const char *s, size_t len)
 {
-	put(hash, "\"", 1);
+	sha256_update(hash, "\"", 1);
 	const char *run = s;
 	const char *end = s + len;
 	for (const char *p = s; p < end; p++)
@@ -42,12 +36,12 @@ put_string(Sha256 *hash, const char *s, size_t len)
 				escape = unicode;
 				break;
 		}
-		put(hash, run, p - run);
-		put(hash, escape, strlen(escape));
+		sha256_update(hash, run, p - run);
+		sha256_update(hash, escape, strlen(escape));
 		run = p + 1;
 	}
-	put(hash, run, end - run);
-	put(hash, "\"", 1);
+	sha256_update(hash, run, end - run);
+	sha256_update(hash, "\"", 1);
 }
 
 // Whether a number's text (numeric_out's: the whole display scale, never an exponent) has
@@ -69,7 +63,7 @@ put_number(Sha256 *hash, Numeric n, bool trim_numbers)
 		Datum trimmed = DirectFunctionCall1(numeric_trim_scale, NumericGetDatum(n));
 		text = DatumGetCString(DirectFunctionCall1(numeric_out, trimmed));
 	}
-	put(hash, text, strlen(text));
+	sha256_update(hash, text, strlen(text));
 	pfree(text);
 }
 
@@ -79,7 +73,7 @@ put_scalar(Sha256 *hash, const JsonbValue *v, bool trim_numbers)
 	switch (v->type)
 	{
 		case jbvNull:
-			put(hash, "null", 4);
+			sha256_update(hash, "null", 4);
 			break;
 		case jbvString:
 			put_string(hash, v->val.string.val, v->val.string.len);
@@ -89,9 +83,9 @@ put_scalar(Sha256 *hash, const JsonbValue *v, bool trim_numbers)
 			break;
 		case jbvBool:
 			if (v->val.boolean)
-				put(hash, "true", 4);
+				sha256_update(hash, "true", 4);
 			else
-				put(hash, "false", 5);
+				sha256_update(hash, "false", 5);
 			break;
 		default:
 			elog(ERROR, "idempotency: unexpected jsonb value type %d in a request", (int) v->type);
@@ -114,24 +108,24 @@ put_canonical(Sha256 *hash, Jsonb *request, bool trim_numbers)
 		{
 			case WJB_BEGIN_ARRAY:
 				if (!first)
-					put(hash, ", ", 2);
+					sha256_update(hash, ", ", 2);
 				if (v.val.array.rawScalar)
 					raw_scalar = true;
 				else
-					put(hash, "[", 1);
+					sha256_update(hash, "[", 1);
 				first = true;
 				break;
 			case WJB_BEGIN_OBJECT:
 				if (!first)
-					put(hash, ", ", 2);
-				put(hash, "{", 1);
+					sha256_update(hash, ", ", 2);
+				sha256_update(hash, "{", 1);
 				first = true;
 				break;
 			case WJB_KEY:
 				if (!first)
-					put(hash, ", ", 2);
+					sha256_update(hash, ", ", 2);
 				put_scalar(hash, &v, trim_numbers);
-				put(hash, ": ", 2);
+				sha256_update(hash, ": ", 2);
 				first = true;
 				break;
 			case WJB_VALUE:
@@ -140,17 +134,17 @@ put_canonical(Sha256 *hash, Jsonb *request, bool trim_numbers)
 				break;
 			case WJB_ELEM:
 				if (!first)
-					put(hash, ", ", 2);
+					sha256_update(hash, ", ", 2);
 				put_scalar(hash, &v, trim_numbers);
 				first = false;
 				break;
 			case WJB_END_ARRAY:
 				if (!raw_scalar)
-					put(hash, "]", 1);
+					sha256_update(hash, "]", 1);
 				first = false;
 				break;
 			case WJB_END_OBJECT:
-				put(hash, "}", 1);
+				sha256_update(hash, "}", 1);
 				first = false;
 				break;
 			default:

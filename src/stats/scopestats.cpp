@@ -347,22 +347,35 @@ answers_claim(Counter c)
 	       c == Counter::in_progress || c == Counter::mismatches;
 }
 
+// The data slot of this database's `scope`, found or created, with the lock held; nullptr (no lock
+// held) when statistics are off, the scope has no valid key, or there is no room.
+static ScopeData *
+entry_of(Datum scope)
+{
+	if (shared == nullptr || !OidIsValid(MyDatabaseId))
+		return nullptr;
+	ScopeKey key;
+	if (!make_key(scope, &key))
+		return nullptr;
+	return find_or_create(&key, get_hash_value(scopes, &key));
+}
+
+static void
+add_count(Stripe *s, Counter c, uint64 n)
+{
+	pg_atomic_fetch_add_u64(&s->count[static_cast<int>(c)], n);
+	if (answers_claim(c))
+		pg_atomic_fetch_add_u64(&s->count[static_cast<int>(Counter::claims)], n);
+}
+
 static void
 lookup_and(Datum scope, Counter c, int64 elapsed_us)
 {
-	if (shared == nullptr || !OidIsValid(MyDatabaseId))
-		return;
-	ScopeKey key;
-	if (!make_key(scope, &key))
-		return;
-	ScopeData *d = find_or_create(&key, get_hash_value(scopes, &key));
+	ScopeData *d = entry_of(scope);
 	if (d == nullptr)
 		return;
 	int stripe = my_stripe();
-	Stripe *s = &d->stripe[stripe];
-	pg_atomic_fetch_add_u64(&s->count[static_cast<int>(c)], 1);
-	if (answers_claim(c))
-		pg_atomic_fetch_add_u64(&s->count[static_cast<int>(Counter::claims)], 1);
+	add_count(&d->stripe[stripe], c, 1);
 	if (elapsed_us >= 0)
 	{
 		uint64 epoch = static_cast<uint64>(GetCurrentTimestamp() / window_us);
@@ -387,23 +400,13 @@ scope_stats_count(Counter c, Datum scope)
 void
 scope_stats_add(Datum scope, const uint64 *counts)
 {
-	if (shared == nullptr || !OidIsValid(MyDatabaseId))
-		return;
-	ScopeKey key;
-	if (!make_key(scope, &key))
-		return;
-	ScopeData *d = find_or_create(&key, get_hash_value(scopes, &key));
+	ScopeData *d = entry_of(scope);
 	if (d == nullptr)
 		return;
 	Stripe *s = &d->stripe[my_stripe()];
 	for (int c = 0; c < scope_counter_count; c++)
-	{
-		if (counts[c] == 0)
-			continue;
-		pg_atomic_fetch_add_u64(&s->count[c], counts[c]);
-		if (answers_claim(static_cast<Counter>(c)))
-			pg_atomic_fetch_add_u64(&s->count[static_cast<int>(Counter::claims)], counts[c]);
-	}
+		if (counts[c] != 0)
+			add_count(s, static_cast<Counter>(c), counts[c]);
 	LWLockRelease(shared->lock);
 }
 
