@@ -138,6 +138,31 @@ def test_exactly_once_through_the_proxy(four):
     log = ClaimLog()
     fenced = []
 
+    # One stale owner on purpose, so fencing is checked on every run and not only when the random
+    # load happens to interleave a takeover with a slow owner: its lease ends, another client
+    # takes the key over, and the stale completion (with its effect) is rejected.
+    scope, key = keys[0]
+    with four.proxy.connect() as stale, four.proxy.connect() as other:
+        claim = stale.execute("SELECT * FROM idem_claim(%s, %s, scope => %s, lease => '40 ms')",
+                              [key, json.dumps({"k": key}), scope]).fetchone()
+        log.outcome(scope, key, claim)
+        assert claim[0] == "claimed"
+        for _ in range(200):  # the lease has ended once a claim takes the key over
+            time.sleep(0.02)
+            row = other.execute("SELECT * FROM idem_claim(%s, %s, scope => %s, lease => '40 ms')",
+                                [key, json.dumps({"k": key}), scope]).fetchone()
+            log.outcome(scope, key, row)
+            if row[0] == "claimed":
+                break
+        assert row[0] == "claimed" and row[2] == claim[2] + 1, row
+        with pytest.raises(psycopg.Error) as rejected:
+            with stale.transaction():
+                stale.execute("INSERT INTO effects VALUES (%s, %s, %s, -2)", [scope, key, claim[2]])
+                stale.execute("SELECT idem_complete(%s, %s, 201, scope => %s, attempt => %s)",
+                              [key, response(-2, claim[2]), scope, claim[2]])
+        assert rejected.value.sqlstate == "IK002", str(rejected.value)
+        fenced.append((scope, key, claim[2]))
+
     def client(cid, stop):
         r = rng(cid)
         with four.proxy.connect() as px:
@@ -210,6 +235,7 @@ def test_exactly_once_through_the_proxy(four):
     assert log.outcomes.get("replay", 0) > 0 and log.outcomes.get("in_progress", 0) > 0
     takeovers = sum(1 for _, _, a in log.claims if a > 1)
     assert takeovers > 0 and fenced, (takeovers, len(fenced))
+    assert (-2) not in {client for _, client in effects.values()}, "a fenced completion's effect committed"
     print(f"outcomes {log.outcomes}, takeovers {takeovers}, fenced {len(fenced)}")
 
 
