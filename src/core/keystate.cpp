@@ -869,37 +869,53 @@ attempt_claimed_at(const KeyRow *row)
 // ---------------------------------------------------------------------------------------------
 // Batches (message consumers)
 
-static int
-compare_text(Datum a, Datum b)
+// A key of a batch: its bytes, detoasted once rather than on each comparison, and its index in
+// the input.
+struct SortedKey
 {
-	text *x = DatumGetTextPP(a);
-	text *y = DatumGetTextPP(b);
-	int xlen = VARSIZE_ANY_EXHDR(x), ylen = VARSIZE_ANY_EXHDR(y);
-	int c = memcmp(VARDATA_ANY(x), VARDATA_ANY(y), Min(xlen, ylen));
-	return c != 0 ? c : (xlen > ylen) - (xlen < ylen);
+	const char *bytes;
+	int len;
+	int index;
+};
+
+static int
+compare_bytes(const SortedKey *a, const SortedKey *b)
+{
+	int c = memcmp(a->bytes, b->bytes, Min(a->len, b->len));
+	return c != 0 ? c : (a->len > b->len) - (a->len < b->len);
+}
+
+static bool
+same_key(const SortedKey *a, const SortedKey *b)
+{
+	return a->len == b->len && memcmp(a->bytes, b->bytes, a->len) == 0;
 }
 
 static int
-compare_positions(const void *a, const void *b, void *arg)
+compare_sorted_keys(const void *a, const void *b)
 {
-	const Datum *keys = static_cast<const Datum *>(arg);
-	int i = *static_cast<const int *>(a), j = *static_cast<const int *>(b);
-	int c = compare_text(keys[i], keys[j]);
-	return c != 0 ? c : (i > j) - (i < j);
+	const SortedKey *x = static_cast<const SortedKey *>(a), *y = static_cast<const SortedKey *>(b);
+	int c = compare_bytes(x, y);
+	return c != 0 ? c : (x->index > y->index) - (x->index < y->index);
 }
 
-// The keys' indexes in the primary key's order (the key column's collation is "C": byte order),
-// equal keys by their place in the input. Every batch takes its keys in this one order, so two
-// batches that share keys meet on the first shared one, and neither can hold a key the other
-// waits for while waiting itself: no deadlock, whatever the order of the ids in each batch.
-static int *
-sorted_positions(int nkeys, const Datum *keys)
+// The keys in the primary key's order (the key column's collation is "C": byte order), equal keys
+// by their place in the input. Every batch takes its keys in this one order, so two batches that
+// share keys meet on the first shared one, and neither can hold a key the other waits for while
+// waiting itself: no deadlock, whatever the order of the ids in each batch.
+static SortedKey *
+sorted_keys(int nkeys, const Datum *keys)
 {
-	int *order = (int *) palloc(sizeof(int) * Max(nkeys, 1));
+	SortedKey *sorted = (SortedKey *) palloc(sizeof(SortedKey) * Max(nkeys, 1));
 	for (int i = 0; i < nkeys; i++)
-		order[i] = i;
-	qsort_arg(order, nkeys, sizeof(int), compare_positions, const_cast<Datum *>(keys));
-	return order;
+	{
+		text *k = DatumGetTextPP(keys[i]);
+		sorted[i].bytes = VARDATA_ANY(k);
+		sorted[i].len = VARSIZE_ANY_EXHDR(k);
+		sorted[i].index = i;
+	}
+	qsort(sorted, nkeys, sizeof(SortedKey), compare_sorted_keys);
+	return sorted;
 }
 
 // Each key's fingerprint as idem_claim would store it: the one given, or the request's.
@@ -934,7 +950,7 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 {
 	TimestampTz deadline = in->wait == nullptr ? 0 : add_interval(GetCurrentTimestamp(), in->wait);
 	stats_batch_begin(in->scope);
-	int *order = sorted_positions(in->nkeys, in->keys);
+	SortedKey *sorted = sorted_keys(in->nkeys, in->keys);
 	KeyTable kt;
 	bool direct = keytable_open(&kt, Access::write, "idem_claim_batch()");
 	bool *has_fingerprint = (bool *) palloc(sizeof(bool) * Max(in->nkeys, 1));
@@ -944,9 +960,9 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 	// once; repeated with a different request it is refused before anything is written.
 	for (int s = 1; s < in->nkeys; s++)
 	{
-		int first = order[s - 1], next = order[s];
-		if (compare_text(in->keys[first], in->keys[next]) != 0)
+		if (!same_key(&sorted[s - 1], &sorted[s]))
 			continue;
+		int first = sorted[s - 1].index, next = sorted[s].index;
 		bool distinct = has_fingerprint[first] != has_fingerprint[next] ||
 		                (has_fingerprint[first] && !bytea_equal(fingerprint[first], fingerprint[next]));
 		if (distinct)
@@ -968,9 +984,9 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 	MemoryContext key_cxt = per_key_context();
 	for (int s = 0; s < in->nkeys; s++)
 	{
-		int i = order[s];
-		if (s > 0 && compare_text(in->keys[order[s - 1]], in->keys[i]) == 0)
+		if (s > 0 && same_key(&sorted[s - 1], &sorted[s]))
 			continue;
+		int i = sorted[s].index;
 		CHECK_FOR_INTERRUPTS();
 		MemoryContext caller_cxt = MemoryContextSwitchTo(key_cxt);
 		ClaimInput key_in;
@@ -1008,20 +1024,20 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 	MemoryContextDelete(key_cxt);
 	if (direct)
 		keytable_close(&kt);
-	pfree(order);
+	pfree(sorted);
 	stats_batch_end();
 }
 
 int64
 finish_batch(const BatchFinishInput *in)
 {
-	int *order = sorted_positions(in->nkeys, in->keys);
+	SortedKey *sorted = sorted_keys(in->nkeys, in->keys);
 	// Each key the batch claimed is finished once: a repeated key is a mistake in the caller's
 	// list, refused before anything is written (its second finish would be IK004).
 	for (int s = 1; s < in->nkeys; s++)
 	{
-		int first = order[s - 1], next = order[s];
-		if (compare_text(in->keys[first], in->keys[next]) == 0)
+		int first = sorted[s - 1].index, next = sorted[s].index;
+		if (same_key(&sorted[s - 1], &sorted[s]))
 			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 			                errmsg("argument \"keys\" repeats idempotency key \"%s\"", key_text(in->keys[next])),
 			                errdetail("keys[%d] and keys[%d] are the same key.", in->position[Min(first, next)],
@@ -1035,7 +1051,7 @@ finish_batch(const BatchFinishInput *in)
 	MemoryContext key_cxt = per_key_context();
 	for (int s = 0; s < in->nkeys; s++)
 	{
-		int i = order[s];
+		int i = sorted[s].index;
 		CHECK_FOR_INTERRUPTS();
 		MemoryContext caller_cxt = MemoryContextSwitchTo(key_cxt);
 		FinishInput key_in;
@@ -1072,7 +1088,7 @@ finish_batch(const BatchFinishInput *in)
 	MemoryContextDelete(key_cxt);
 	if (direct)
 		keytable_close(&kt);
-	pfree(order);
+	pfree(sorted);
 	return in->nkeys;
 }
 
