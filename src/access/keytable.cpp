@@ -123,6 +123,11 @@ void
 keytable_prepare_write(KeyTable *kt)
 {
 	open_indexes(kt);
+	// One scan of the primary key for all the look-ups, each a rescan: beginning and ending one per
+	// key cost more than the look-up's descent.
+	InitDirtySnapshot(kt->lookup_snapshot);
+	kt->lookup_context = CurrentMemoryContext;
+	kt->lookup = index_beginscan(kt->rel, kt->pkey, &kt->lookup_snapshot, 2, 0);
 	for (int i = 0; i < kt->nindexes; i++)
 	{
 		const IndexInfo *info = kt->index_info[i];
@@ -142,6 +147,8 @@ keytable_clear(KeyTable *kt)
 void
 keytable_close(KeyTable *kt)
 {
+	if (kt->lookup != nullptr)
+		index_endscan(kt->lookup);
 	ExecDropSingleTupleTableSlot(kt->found);
 	if (kt->written != nullptr)
 		ExecDropSingleTupleTableSlot(kt->written);
@@ -169,35 +176,56 @@ pkey_scankeys(KeyTable *kt, Datum scope, Datum key, ScanKeyData *keys)
 	keys[1].sk_argument = key;
 }
 
+// Looks (scope, key) up in the primary key into kt->found, through the table's scan for many
+// look-ups when it has one (a batch), else through one of its own. The table's scan runs in the
+// memory it was begun in (the index access method keeps memory it allocates on the way, such as
+// its list of dead entries, for the scan's life), and it is rescanned at the end, which lets go
+// of the pages it pinned, as ending it would: no pin is held while waiting, nor between keys.
+static bool
+look_up(KeyTable *kt, Snapshot snapshot, ScanKey keys)
+{
+	if (kt->lookup == nullptr)
+	{
+		IndexScanDesc scan = index_beginscan(kt->rel, kt->pkey, snapshot, 2, 0);
+		index_rescan(scan, keys, 2, nullptr, 0);
+		bool found = index_getnext_slot(scan, ForwardScanDirection, kt->found);
+		index_endscan(scan);
+		return found;
+	}
+	MemoryContext old = MemoryContextSwitchTo(kt->lookup_context);
+	index_rescan(kt->lookup, keys, 2, nullptr, 0);
+	bool found = index_getnext_slot(kt->lookup, ForwardScanDirection, kt->found);
+	index_rescan(kt->lookup, nullptr, 2, nullptr, 0);
+	MemoryContextSwitchTo(old);
+	return found;
+}
+
 // keytable_find_latest, waiting for other transactions until *deadline when one is given.
 static Found
 find_latest(KeyTable *kt, Datum scope, Datum key, const TimestampTz *deadline)
 {
 	ScanKeyData keys[2];
 	pkey_scankeys(kt, scope, key, keys);
-	SnapshotData dirty;
-	InitDirtySnapshot(dirty);
+	SnapshotData own_dirty;
+	Snapshot dirty = kt->lookup != nullptr ? &kt->lookup_snapshot : &own_dirty;
+	InitDirtySnapshot(*dirty);
 
 	for (;;)
 	{
-		IndexScanDesc scan = index_beginscan(kt->rel, kt->pkey, &dirty, 2, 0);
-		index_rescan(scan, keys, 2, nullptr, 0);
-		bool found = index_getnext_slot(scan, ForwardScanDirection, kt->found);
-		index_endscan(scan);
-		if (!found)
+		if (!look_up(kt, dirty, keys))
 			return Found::none;
 
 		// Another transaction is inserting, updating or deleting this version: wait for its
 		// decision (for a speculative insertion, just for that), then look again.
-		TransactionId xwait = TransactionIdIsValid(dirty.xmin) ? dirty.xmin : dirty.xmax;
+		TransactionId xwait = TransactionIdIsValid(dirty->xmin) ? dirty->xmin : dirty->xmax;
 		if (!TransactionIdIsValid(xwait))
 			return Found::row;
 		ItemPointerData tid = kt->found->tts_tid;
 		// Nothing pinned while waiting.
 		ExecClearTuple(kt->found);
 		// A speculative inserter holds its token only while it checks its index entries.
-		if (dirty.speculativeToken != 0)
-			SpeculativeInsertionWait(dirty.xmin, dirty.speculativeToken);
+		if (dirty->speculativeToken != 0)
+			SpeculativeInsertionWait(dirty->xmin, dirty->speculativeToken);
 		else if (deadline == nullptr)
 			XactLockTableWait(xwait, kt->rel, &tid, XLTW_InsertIndex);
 		else if (!xact_wait_until(xwait, kt->rel, &tid, *deadline))

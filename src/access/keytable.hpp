@@ -28,6 +28,9 @@ struct KeyTable
 	TupleTableSlot *found;   // the version last found, pinned (buffer heap slot)
 	TupleTableSlot *written; // the tuple being inserted or written as an update
 	EState *estate;          // only for indexes with expressions or predicates
+	IndexScanDesc lookup;    // the primary key's scan reused by a batch's look-ups (or null)
+	SnapshotData lookup_snapshot; // its dirty snapshot
+	MemoryContext lookup_context; // and the memory it runs in
 };
 
 enum class Access
@@ -46,7 +49,8 @@ bool keytable_open(KeyTable *kt, Access access, const char *caller);
 void keytable_close(KeyTable *kt);
 
 // Opens what writes need (the indexes, and executor state for indexes with expressions or
-// predicates) now, in the current memory context, rather than on the first write: a caller that
+// predicates) now, in the current memory context, rather than on the first write, and a scan of
+// the primary key that every look-up until keytable_close reuses: a caller that
 // writes many keys in a short-lived context per key (a batch) calls this first. Between keys it
 // calls keytable_clear, which drops what the slots hold.
 void keytable_prepare_write(KeyTable *kt);
