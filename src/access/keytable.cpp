@@ -82,7 +82,10 @@ open_indexes(KeyTable *kt)
 		                                                         : BuildIndexInfo(index);
 	}
 	kt->nindexes = n;
-	kt->written = MakeSingleTupleTableSlot(RelationGetDescr(kt->rel), &TTSOpsHeapTuple);
+	TupleDesc desc = RelationGetDescr(kt->rel);
+	kt->written = MakeSingleTupleTableSlot(desc, &TTSOpsHeapTuple);
+	kt->written_values = (Datum *) palloc(sizeof(Datum) * desc->natts);
+	kt->written_isnull = (bool *) palloc(sizeof(bool) * desc->natts);
 }
 
 bool
@@ -511,8 +514,8 @@ static void
 store_written(KeyTable *kt, const KeyRow *row, TupleTableSlot *base)
 {
 	TupleDesc desc = RelationGetDescr(kt->rel);
-	Datum *values = (Datum *) palloc(sizeof(Datum) * desc->natts);
-	bool *isnull = (bool *) palloc(sizeof(bool) * desc->natts);
+	Datum *values = kt->written_values;
+	bool *isnull = kt->written_isnull;
 	if (base != nullptr)
 	{
 		slot_getallattrs(base);
@@ -533,8 +536,6 @@ store_written(KeyTable *kt, const KeyRow *row, TupleTableSlot *base)
 		isnull[i] = row->isnull[c];
 	}
 	ExecStoreHeapTuple(heap_form_tuple(desc, values, isnull), kt->written, true);
-	pfree(values);
-	pfree(isnull);
 }
 
 // The index entry's values for the tuple in slot; false when a partial index does not cover it.

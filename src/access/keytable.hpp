@@ -27,6 +27,8 @@ struct KeyTable
 	IndexInfo **index_info;
 	TupleTableSlot *found;   // the version last found, pinned (buffer heap slot)
 	TupleTableSlot *written; // the tuple being inserted or written as an update
+	Datum *written_values;   // its columns, while it is formed
+	bool *written_isnull;
 	EState *estate;          // only for indexes with expressions or predicates
 	IndexScanDesc lookup;    // the primary key's scan reused by a batch's look-ups (or null)
 	SnapshotData lookup_snapshot; // its dirty snapshot
