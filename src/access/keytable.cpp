@@ -538,16 +538,22 @@ store_written(KeyTable *kt, const KeyRow *row, TupleTableSlot *base)
 	ExecStoreHeapTuple(heap_form_tuple(desc, values, isnull), kt->written, true);
 }
 
-// The index entry's values for the tuple in slot; false when a partial index does not cover it.
-// Plain column indexes (all of ours) need no executor state.
+// The index entry's values for the tuple in kt->written; false when a partial index does not cover
+// it. Plain column indexes (all of ours) take the columns the tuple was formed from
+// (store_written), without deforming it, and need no executor state.
 static bool
-index_values(KeyTable *kt, int i, TupleTableSlot *slot, Datum *values, bool *isnull)
+index_values(KeyTable *kt, int i, Datum *values, bool *isnull)
 {
 	IndexInfo *info = kt->index_info[i];
+	TupleTableSlot *slot = kt->written;
 	if (info->ii_Expressions == NIL && info->ii_Predicate == NIL)
 	{
 		for (int k = 0; k < info->ii_NumIndexAttrs; k++)
-			values[k] = slot_getattr(slot, info->ii_IndexAttrNumbers[k], &isnull[k]);
+		{
+			int column = info->ii_IndexAttrNumbers[k] - 1;
+			values[k] = kt->written_values[column];
+			isnull[k] = kt->written_isnull[column];
+		}
 		return true;
 	}
 	if (kt->estate == nullptr)
@@ -581,7 +587,7 @@ insert_index_entries(KeyTable *kt, bool speculative)
 			continue; // being built concurrently
 		Datum values[INDEX_MAX_KEYS];
 		bool isnull[INDEX_MAX_KEYS];
-		if (!index_values(kt, i, slot, values, isnull))
+		if (!index_values(kt, i, values, isnull))
 			continue;
 		bool is_pkey = index == kt->pkey;
 		IndexUniqueCheck check = !index->rd_index->indisunique ? UNIQUE_CHECK_NO
