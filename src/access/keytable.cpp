@@ -126,6 +126,8 @@ void
 keytable_prepare_write(KeyTable *kt)
 {
 	open_indexes(kt);
+	// The insertions share one speculative-insertion token (keytable_before_wait).
+	kt->share_token = true;
 	// One scan of the primary key for all the look-ups, each a rescan: beginning and ending one per
 	// key cost more than the look-up's descent.
 	InitDirtySnapshot(kt->lookup_snapshot);
@@ -150,6 +152,7 @@ keytable_clear(KeyTable *kt)
 void
 keytable_close(KeyTable *kt)
 {
+	keytable_before_wait(kt);
 	if (kt->lookup != nullptr)
 		index_endscan(kt->lookup);
 	ExecDropSingleTupleTableSlot(kt->found);
@@ -224,8 +227,9 @@ find_latest(KeyTable *kt, Datum scope, Datum key, const TimestampTz *deadline)
 		if (!TransactionIdIsValid(xwait))
 			return Found::row;
 		ItemPointerData tid = kt->found->tts_tid;
-		// Nothing pinned while waiting.
+		// Nothing pinned or held while waiting.
 		ExecClearTuple(kt->found);
+		keytable_before_wait(kt);
 		// A speculative inserter holds its token only while it checks its index entries.
 		if (dirty->speculativeToken != 0)
 			SpeculativeInsertionWait(dirty->xmin, dirty->speculativeToken);
@@ -610,23 +614,36 @@ keytable_insert(KeyTable *kt, const KeyRow *row)
 	store_written(kt, row, nullptr);
 	TransactionId xid = GetCurrentTransactionId();
 	// Others who find the tuple wait on this token for our decision, not on our transaction.
-	uint32 token = SpeculativeInsertionLockAcquire(xid);
+	uint32 token = kt->token != 0 ? kt->token : SpeculativeInsertionLockAcquire(xid);
 	table_tuple_insert_speculative(kt->rel, kt->written, GetCurrentCommandId(true), 0, nullptr,
 	                               token);
 	bool inserted = insert_index_entries(kt, true);
 	// Without a conflict the tuple becomes an ordinary one; with one it is killed, and nobody ever
 	// sees two live versions of a key.
 	table_tuple_complete_speculative(kt->rel, kt->written, token, inserted);
-	SpeculativeInsertionLockRelease(xid);
+	if (kt->share_token)
+		kt->token = token;
+	else
+		SpeculativeInsertionLockRelease(xid);
 	if (inserted)
 		remember_written(kt, row->value[COL_SCOPE], row->value[COL_KEY]);
 	return inserted;
+}
+
+void
+keytable_before_wait(KeyTable *kt)
+{
+	if (kt->token == 0)
+		return;
+	SpeculativeInsertionLockRelease(GetCurrentTransactionId());
+	kt->token = 0;
 }
 
 TM_Result
 keytable_update(KeyTable *kt, const KeyRow *row)
 {
 	open_indexes(kt);
+	keytable_before_wait(kt); // the row's writer, if any
 	ItemPointerData otid = kt->found->tts_tid;
 	store_written(kt, row, kt->found);
 	TM_FailureData tmfd;
@@ -673,8 +690,10 @@ keytable_delete(KeyTable *kt)
 bool
 keytable_update_until(KeyTable *kt, const KeyRow *row, TimestampTz deadline, TM_Result *result)
 {
-	// Opened outside the subtransaction: its abort would close them under us.
+	// Opened outside the subtransaction: its abort would close them under us; released there too,
+	// as acquired.
 	open_indexes(kt);
+	keytable_before_wait(kt);
 	auto update = [&] { *result = keytable_update(kt, row); };
 	return with_lock_deadline(deadline, update);
 }

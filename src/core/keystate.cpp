@@ -577,6 +577,8 @@ claim_direct(KeyTable *kt, const ClaimInput *in, Waiter *waiter, ClaimOutput *ou
 		keytable_read(kt, kt->found, &row);
 		TimestampTz now = clock_now();
 		Step step = decide(c, &row, in, own, now);
+		if (step == Step::in_progress)
+			keytable_before_wait(kt);
 		if (step == Step::in_progress &&
 		    waiter_sleep(waiter, DatumGetTimestampTz(row.value[COL_LOCKED_UNTIL])))
 		{
