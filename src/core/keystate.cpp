@@ -1003,7 +1003,10 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 	if (direct)
 	{
 		keytable_prepare_write(&kt);
-		keytable_batch_begin(&kt, in->scope, in->nkeys);
+		// Where each row was written, for the completion in this transaction; applied keys are
+		// finished already.
+		if (!in->applied)
+			keytable_batch_begin(&kt, in->scope, in->nkeys);
 	}
 	MemoryContext key_cxt = per_key_context();
 	BatchGuess guess;
@@ -1035,7 +1038,8 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 		if (direct)
 		{
 			guess.note(claim_direct(&kt, &key_in, &waiter, &out, guess.insert_first));
-			keytable_batch_note(&kt, in->scope, in->keys[i]);
+			if (!in->applied)
+				keytable_batch_note(&kt, in->scope, in->keys[i]);
 		}
 		else
 			claim_with_policies(&kt.catalog, &key_in, &waiter, &out);
