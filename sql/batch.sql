@@ -243,4 +243,17 @@ CALL pg_temp.expect_error($$SELECT * FROM idem_claim_batch(ARRAY['fp-0', 'fp-1']
 SELECT claims, inserted, replays, mismatches, completes FROM idem_stats;
 SELECT claims, inserted, replays, mismatches, completes FROM idem_scope_stats WHERE scope = 'batch-ap';
 
+-- a batch's insertions share one speculative-insertion token: held by no call that has returned,
+-- nor by one that failed after inserting (e-tok inserted, then fp-1's mismatch) in a
+-- subtransaction; the transaction goes on inserting with new ones
+BEGIN;
+SELECT count(*) FROM idem_claim_batch(ARRAY['d-tok', 'c-tok'], 'batch-ap', applied => true);
+SELECT count(*) AS tokens_held FROM pg_locks WHERE locktype = 'spectoken' AND pid = pg_backend_pid();
+CALL pg_temp.expect_error($$SELECT * FROM idem_claim_batch(ARRAY['fp-1', 'e-tok'], 'batch-ap',
+                                                         fingerprints => ARRAY['\x02', NULL]::bytea[], applied => true)$$);
+SELECT count(*) AS tokens_held FROM pg_locks WHERE locktype = 'spectoken' AND pid = pg_backend_pid();
+SELECT key, outcome, inserted FROM idem_claim_batch(ARRAY['e-tok', 'b-tok'], 'batch-ap', applied => true);
+COMMIT;
+SELECT key, state FROM idem_keys WHERE scope = 'batch-ap' AND key LIKE '%-tok' ORDER BY key;
+
 DELETE FROM idem_keys WHERE scope LIKE 'batch%';

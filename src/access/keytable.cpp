@@ -82,7 +82,10 @@ open_indexes(KeyTable *kt)
 		                                                         : BuildIndexInfo(index);
 	}
 	kt->nindexes = n;
-	kt->written = MakeSingleTupleTableSlot(RelationGetDescr(kt->rel), &TTSOpsHeapTuple);
+	TupleDesc desc = RelationGetDescr(kt->rel);
+	kt->written = MakeSingleTupleTableSlot(desc, &TTSOpsHeapTuple);
+	kt->written_values = (Datum *) palloc(sizeof(Datum) * desc->natts);
+	kt->written_isnull = (bool *) palloc(sizeof(bool) * desc->natts);
 }
 
 bool
@@ -123,6 +126,13 @@ void
 keytable_prepare_write(KeyTable *kt)
 {
 	open_indexes(kt);
+	// The insertions share one speculative-insertion token (keytable_before_wait).
+	kt->share_token = true;
+	// One scan of the primary key for all the look-ups, each a rescan: beginning and ending one per
+	// key cost more than the look-up's descent.
+	InitDirtySnapshot(kt->lookup_snapshot);
+	kt->lookup_context = CurrentMemoryContext;
+	kt->lookup = index_beginscan(kt->rel, kt->pkey, &kt->lookup_snapshot, 2, 0);
 	for (int i = 0; i < kt->nindexes; i++)
 	{
 		const IndexInfo *info = kt->index_info[i];
@@ -142,6 +152,9 @@ keytable_clear(KeyTable *kt)
 void
 keytable_close(KeyTable *kt)
 {
+	keytable_before_wait(kt);
+	if (kt->lookup != nullptr)
+		index_endscan(kt->lookup);
 	ExecDropSingleTupleTableSlot(kt->found);
 	if (kt->written != nullptr)
 		ExecDropSingleTupleTableSlot(kt->written);
@@ -169,35 +182,57 @@ pkey_scankeys(KeyTable *kt, Datum scope, Datum key, ScanKeyData *keys)
 	keys[1].sk_argument = key;
 }
 
+// Looks (scope, key) up in the primary key into kt->found, through the table's scan for many
+// look-ups when it has one (a batch), else through one of its own. The table's scan runs in the
+// memory it was begun in (the index access method keeps memory it allocates on the way, such as
+// its list of dead entries, for the scan's life), and it is rescanned at the end, which lets go
+// of the pages it pinned, as ending it would: no pin is held while waiting, nor between keys.
+static bool
+look_up(KeyTable *kt, Snapshot snapshot, ScanKey keys)
+{
+	if (kt->lookup == nullptr)
+	{
+		IndexScanDesc scan = index_beginscan(kt->rel, kt->pkey, snapshot, 2, 0);
+		index_rescan(scan, keys, 2, nullptr, 0);
+		bool found = index_getnext_slot(scan, ForwardScanDirection, kt->found);
+		index_endscan(scan);
+		return found;
+	}
+	MemoryContext old = MemoryContextSwitchTo(kt->lookup_context);
+	index_rescan(kt->lookup, keys, 2, nullptr, 0);
+	bool found = index_getnext_slot(kt->lookup, ForwardScanDirection, kt->found);
+	index_rescan(kt->lookup, nullptr, 2, nullptr, 0);
+	MemoryContextSwitchTo(old);
+	return found;
+}
+
 // keytable_find_latest, waiting for other transactions until *deadline when one is given.
 static Found
 find_latest(KeyTable *kt, Datum scope, Datum key, const TimestampTz *deadline)
 {
 	ScanKeyData keys[2];
 	pkey_scankeys(kt, scope, key, keys);
-	SnapshotData dirty;
-	InitDirtySnapshot(dirty);
+	SnapshotData own_dirty;
+	Snapshot dirty = kt->lookup != nullptr ? &kt->lookup_snapshot : &own_dirty;
+	InitDirtySnapshot(*dirty);
 
 	for (;;)
 	{
-		IndexScanDesc scan = index_beginscan(kt->rel, kt->pkey, &dirty, 2, 0);
-		index_rescan(scan, keys, 2, nullptr, 0);
-		bool found = index_getnext_slot(scan, ForwardScanDirection, kt->found);
-		index_endscan(scan);
-		if (!found)
+		if (!look_up(kt, dirty, keys))
 			return Found::none;
 
 		// Another transaction is inserting, updating or deleting this version: wait for its
 		// decision (for a speculative insertion, just for that), then look again.
-		TransactionId xwait = TransactionIdIsValid(dirty.xmin) ? dirty.xmin : dirty.xmax;
+		TransactionId xwait = TransactionIdIsValid(dirty->xmin) ? dirty->xmin : dirty->xmax;
 		if (!TransactionIdIsValid(xwait))
 			return Found::row;
 		ItemPointerData tid = kt->found->tts_tid;
-		// Nothing pinned while waiting.
+		// Nothing pinned or held while waiting.
 		ExecClearTuple(kt->found);
+		keytable_before_wait(kt);
 		// A speculative inserter holds its token only while it checks its index entries.
-		if (dirty.speculativeToken != 0)
-			SpeculativeInsertionWait(dirty.xmin, dirty.speculativeToken);
+		if (dirty->speculativeToken != 0)
+			SpeculativeInsertionWait(dirty->xmin, dirty->speculativeToken);
 		else if (deadline == nullptr)
 			XactLockTableWait(xwait, kt->rel, &tid, XLTW_InsertIndex);
 		else if (!xact_wait_until(xwait, kt->rel, &tid, *deadline))
@@ -483,8 +518,8 @@ static void
 store_written(KeyTable *kt, const KeyRow *row, TupleTableSlot *base)
 {
 	TupleDesc desc = RelationGetDescr(kt->rel);
-	Datum *values = (Datum *) palloc(sizeof(Datum) * desc->natts);
-	bool *isnull = (bool *) palloc(sizeof(bool) * desc->natts);
+	Datum *values = kt->written_values;
+	bool *isnull = kt->written_isnull;
 	if (base != nullptr)
 	{
 		slot_getallattrs(base);
@@ -505,20 +540,24 @@ store_written(KeyTable *kt, const KeyRow *row, TupleTableSlot *base)
 		isnull[i] = row->isnull[c];
 	}
 	ExecStoreHeapTuple(heap_form_tuple(desc, values, isnull), kt->written, true);
-	pfree(values);
-	pfree(isnull);
 }
 
-// The index entry's values for the tuple in slot; false when a partial index does not cover it.
-// Plain column indexes (all of ours) need no executor state.
+// The index entry's values for the tuple in kt->written; false when a partial index does not cover
+// it. Plain column indexes (all of ours) take the columns the tuple was formed from
+// (store_written), without deforming it, and need no executor state.
 static bool
-index_values(KeyTable *kt, int i, TupleTableSlot *slot, Datum *values, bool *isnull)
+index_values(KeyTable *kt, int i, Datum *values, bool *isnull)
 {
 	IndexInfo *info = kt->index_info[i];
+	TupleTableSlot *slot = kt->written;
 	if (info->ii_Expressions == NIL && info->ii_Predicate == NIL)
 	{
 		for (int k = 0; k < info->ii_NumIndexAttrs; k++)
-			values[k] = slot_getattr(slot, info->ii_IndexAttrNumbers[k], &isnull[k]);
+		{
+			int column = info->ii_IndexAttrNumbers[k] - 1;
+			values[k] = kt->written_values[column];
+			isnull[k] = kt->written_isnull[column];
+		}
 		return true;
 	}
 	if (kt->estate == nullptr)
@@ -552,7 +591,7 @@ insert_index_entries(KeyTable *kt, bool speculative)
 			continue; // being built concurrently
 		Datum values[INDEX_MAX_KEYS];
 		bool isnull[INDEX_MAX_KEYS];
-		if (!index_values(kt, i, slot, values, isnull))
+		if (!index_values(kt, i, values, isnull))
 			continue;
 		bool is_pkey = index == kt->pkey;
 		IndexUniqueCheck check = !index->rd_index->indisunique ? UNIQUE_CHECK_NO
@@ -575,23 +614,36 @@ keytable_insert(KeyTable *kt, const KeyRow *row)
 	store_written(kt, row, nullptr);
 	TransactionId xid = GetCurrentTransactionId();
 	// Others who find the tuple wait on this token for our decision, not on our transaction.
-	uint32 token = SpeculativeInsertionLockAcquire(xid);
+	uint32 token = kt->token != 0 ? kt->token : SpeculativeInsertionLockAcquire(xid);
 	table_tuple_insert_speculative(kt->rel, kt->written, GetCurrentCommandId(true), 0, nullptr,
 	                               token);
 	bool inserted = insert_index_entries(kt, true);
 	// Without a conflict the tuple becomes an ordinary one; with one it is killed, and nobody ever
 	// sees two live versions of a key.
 	table_tuple_complete_speculative(kt->rel, kt->written, token, inserted);
-	SpeculativeInsertionLockRelease(xid);
+	if (kt->share_token)
+		kt->token = token;
+	else
+		SpeculativeInsertionLockRelease(xid);
 	if (inserted)
 		remember_written(kt, row->value[COL_SCOPE], row->value[COL_KEY]);
 	return inserted;
+}
+
+void
+keytable_before_wait(KeyTable *kt)
+{
+	if (kt->token == 0)
+		return;
+	SpeculativeInsertionLockRelease(GetCurrentTransactionId());
+	kt->token = 0;
 }
 
 TM_Result
 keytable_update(KeyTable *kt, const KeyRow *row)
 {
 	open_indexes(kt);
+	keytable_before_wait(kt); // the row's writer, if any
 	ItemPointerData otid = kt->found->tts_tid;
 	store_written(kt, row, kt->found);
 	TM_FailureData tmfd;
@@ -638,8 +690,10 @@ keytable_delete(KeyTable *kt)
 bool
 keytable_update_until(KeyTable *kt, const KeyRow *row, TimestampTz deadline, TM_Result *result)
 {
-	// Opened outside the subtransaction: its abort would close them under us.
+	// Opened outside the subtransaction: its abort would close them under us; released there too,
+	// as acquired.
 	open_indexes(kt);
+	keytable_before_wait(kt);
 	auto update = [&] { *result = keytable_update(kt, row); };
 	return with_lock_deadline(deadline, update);
 }

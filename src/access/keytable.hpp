@@ -27,7 +27,14 @@ struct KeyTable
 	IndexInfo **index_info;
 	TupleTableSlot *found;   // the version last found, pinned (buffer heap slot)
 	TupleTableSlot *written; // the tuple being inserted or written as an update
+	Datum *written_values;   // its columns, while it is formed
+	bool *written_isnull;
 	EState *estate;          // only for indexes with expressions or predicates
+	IndexScanDesc lookup;    // the primary key's scan reused by a batch's look-ups (or null)
+	SnapshotData lookup_snapshot; // its dirty snapshot
+	MemoryContext lookup_context; // and the memory it runs in
+	bool share_token;        // a batch: its insertions share one speculative-insertion token
+	uint32 token;            // that token while held (0: none)
 };
 
 enum class Access
@@ -46,7 +53,9 @@ bool keytable_open(KeyTable *kt, Access access, const char *caller);
 void keytable_close(KeyTable *kt);
 
 // Opens what writes need (the indexes, and executor state for indexes with expressions or
-// predicates) now, in the current memory context, rather than on the first write: a caller that
+// predicates) now, in the current memory context, rather than on the first write, a scan of the
+// primary key that every look-up until keytable_close reuses, and one speculative-insertion token
+// for its insertions (keytable_before_wait): a caller that
 // writes many keys in a short-lived context per key (a batch) calls this first. Between keys it
 // calls keytable_clear, which drops what the slots hold.
 void keytable_prepare_write(KeyTable *kt);
@@ -108,6 +117,14 @@ bool keytable_found_visible_to(KeyTable *kt, Snapshot snapshot);
 // Inserts the row with the speculative-insertion protocol. False when a concurrent insert of the
 // same key won the race: the row was killed and the caller looks again.
 bool keytable_insert(KeyTable *kt, const KeyRow *row);
+
+// A batch (keytable_prepare_write) keeps the speculative-insertion token of its first insertion
+// for the next ones: acquiring and releasing one per row costs about 5 % of a new key. Whoever
+// found one of its rows while it was being inserted waits for the token's release rather than for
+// that row's decision, so the batch must let go of it before it waits for anything itself (a
+// transaction, a lease, a tuple lock), or two batches could wait for each other: this call,
+// which the layer's own waits make too. Released at keytable_close.
+void keytable_before_wait(KeyTable *kt);
 
 // Replaces the version in kt->found with the row, waiting for concurrent writers of it.
 // TM_Ok, or TM_Updated / TM_Deleted when that version is no longer the newest.

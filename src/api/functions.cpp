@@ -22,9 +22,19 @@ reject_null(FunctionCallInfo fcinfo, int arg, const char *name)
 		                errmsg("argument \"%s\" must not be null", name)));
 }
 
-// SPEC §4 for one key; `name` says which argument (or array element) it is.
+// The argument, or its array element, that an error is about: formatted only for the error, not
+// for each element of a batch.
+const char *
+argument_name(const char *name, const int *element)
+{
+	if (element == nullptr)
+		return psprintf("argument \"%s\"", name);
+	return psprintf("element %d of argument \"%s\"", *element, name);
+}
+
+// SPEC §4 for one key: argument `name`, or its element `*element`.
 void
-check_key(text *key, const char *name)
+check_key(text *key, const char *name, const int *element = nullptr)
 {
 	const unsigned char *bytes = (const unsigned char *) VARDATA_ANY(key);
 	int len = VARSIZE_ANY_EXHDR(key);
@@ -33,12 +43,12 @@ check_key(text *key, const char *name)
 	{
 		if (bytes[i] < 0x20 || bytes[i] > 0x7E)
 			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-			                errmsg("%s must contain only printable ASCII characters", name),
+			                errmsg("%s must contain only printable ASCII characters", argument_name(name, element)),
 			                errdetail("Byte %d is 0x%02X.", i + 1, bytes[i])));
 	}
 	if (len < 1 || len > setting_max_key_length)
 		ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-		                errmsg("%s must be 1 to %d characters long", name, setting_max_key_length),
+		                errmsg("%s must be 1 to %d characters long", argument_name(name, element), setting_max_key_length),
 		                errdetail("It is %d characters long.", len)));
 }
 
@@ -47,7 +57,7 @@ key_arg(FunctionCallInfo fcinfo, int arg)
 {
 	reject_null(fcinfo, arg, "key");
 	text *key = PG_GETARG_TEXT_PP(arg);
-	check_key(key, "argument \"key\"");
+	check_key(key, "key");
 	return PointerGetDatum(key);
 }
 
@@ -404,7 +414,7 @@ keys_arg(FunctionCallInfo fcinfo, int arg, ArrayArg *keys, int **position)
 			                errmsg("element %d of argument \"keys\" must not be null", subscript)));
 		text *key = DatumGetTextPP(keys->value[i]);
 		keys->value[i] = PointerGetDatum(key);
-		check_key(key, psprintf("element %d of argument \"keys\"", subscript));
+		check_key(key, "keys", &subscript);
 	}
 }
 

@@ -497,8 +497,30 @@ serialization_failure_after(TM_Result result)
 // up. A wrong guess costs one killed tuple and a transaction id; after a claim that found its key
 // the next one looks first again, so a run of replays stays read-only. Not for the key this
 // transaction just wrote (a re-entrant claim writes nothing), and only at READ COMMITTED:
-// REPEATABLE READ and SERIALIZABLE keep the look first.
+// REPEATABLE READ and SERIALIZABLE keep the look first. A batch refines the guess (BatchGuess).
 static bool last_claim_created = false;
+
+// A batch's guess, key by key, whether the next key is new. A wrong insert-first (the key exists)
+// costs a killed heap tuple, a primary-key entry and a BRIN look-up before the look-up, about
+// twice what a wrong look-first (the key is new) costs; so inserting first pays while more than
+// two thirds of the keys are new. The batch inserts first while the key before was new and at
+// least two thirds of its keys so far were: a run of new keys (a fresh poll) inserts without a
+// look-up, a run of applied ones (a redelivery) looks without writing after its first, and ids
+// half new and half applied in no order (random ids of a partly redelivered poll) look first
+// instead of paying a killed insertion for every applied id that follows a new one. Its first key
+// follows the backend's last claim.
+struct BatchGuess
+{
+	int created = 0;
+	int existing = 0;
+	bool insert_first = last_claim_created;
+
+	void note(bool key_created)
+	{
+		(key_created ? created : existing)++;
+		insert_first = key_created && created >= 2 * existing;
+	}
+};
 
 // The key's latest version; with `wait`, other transactions' writes are waited for only until
 // its deadline.
@@ -520,11 +542,13 @@ write_takeover(KeyTable *kt, const KeyRow *row, const Waiter *waiter, TM_Result 
 	return true;
 }
 
-static void
-claim_direct(KeyTable *kt, const ClaimInput *in, Waiter *waiter, ClaimOutput *out)
+// Claims one key; `guess_new`: insert before looking (see last_claim_created). True when it
+// inserted the key's row.
+static bool
+claim_direct(KeyTable *kt, const ClaimInput *in, Waiter *waiter, ClaimOutput *out, bool guess_new)
 {
 	const Catalog *c = &kt->catalog;
-	bool insert_first = last_claim_created && !IsolationUsesXactSnapshot() &&
+	bool insert_first = guess_new && !IsolationUsesXactSnapshot() &&
 	                    !keytable_wrote_last(kt, in->scope, in->key);
 	for (;;)
 	{
@@ -534,7 +558,7 @@ claim_direct(KeyTable *kt, const ClaimInput *in, Waiter *waiter, ClaimOutput *ou
 		if (found == Found::busy)
 		{
 			answer_unseen(in->scope, out);
-			return;
+			return false;
 		}
 		if (found == Found::none)
 		{
@@ -542,12 +566,10 @@ claim_direct(KeyTable *kt, const ClaimInput *in, Waiter *waiter, ClaimOutput *ou
 			new_row(c, in, clock_now(), &row);
 			if (!keytable_insert(kt, &row))
 				continue; // the key exists, or a concurrent insert won: look, and wait for it
-			last_claim_created = true;
 			CommandCounterIncrement();
 			answer(c, Outcome::claimed, true, &row, out);
-			return;
+			return true;
 		}
-		last_claim_created = false;
 
 		bool own = TransactionIdIsCurrentTransactionId(keytable_found_xmin(kt));
 		if (!own)
@@ -555,6 +577,8 @@ claim_direct(KeyTable *kt, const ClaimInput *in, Waiter *waiter, ClaimOutput *ou
 		keytable_read(kt, kt->found, &row);
 		TimestampTz now = clock_now();
 		Step step = decide(c, &row, in, own, now);
+		if (step == Step::in_progress)
+			keytable_before_wait(kt);
 		if (step == Step::in_progress &&
 		    waiter_sleep(waiter, DatumGetTimestampTz(row.value[COL_LOCKED_UNTIL])))
 		{
@@ -564,7 +588,7 @@ claim_direct(KeyTable *kt, const ClaimInput *in, Waiter *waiter, ClaimOutput *ou
 		if (step != Step::takeover && step != Step::expired)
 		{
 			answer_read(c, step, &row, now, out);
-			return;
+			return false;
 		}
 		// An expired key is claimed anew in place: the same result as a delete and an insert,
 		// with one write.
@@ -576,7 +600,7 @@ claim_direct(KeyTable *kt, const ClaimInput *in, Waiter *waiter, ClaimOutput *ou
 		if (!write_takeover(kt, &row, waiter, &result))
 		{
 			answer_unseen(in->scope, out);
-			return;
+			return false;
 		}
 		if (result != TM_Ok)
 		{
@@ -587,7 +611,7 @@ claim_direct(KeyTable *kt, const ClaimInput *in, Waiter *waiter, ClaimOutput *ou
 		if (step == Step::expired)
 			stats_count(Counter::expired, in->scope);
 		answer(c, Outcome::claimed, step == Step::expired, &row, out);
-		return;
+		return false;
 	}
 }
 
@@ -847,7 +871,7 @@ claim(const ClaimInput *given, ClaimOutput *out)
 	if (keytable_open(&kt, Access::write, "idem_claim()"))
 	{
 		fingerprint_request(&kt.catalog, &in);
-		claim_direct(&kt, &in, &waiter, out);
+		last_claim_created = claim_direct(&kt, &in, &waiter, out, last_claim_created);
 		keytable_close(&kt);
 	}
 	else
@@ -869,37 +893,53 @@ attempt_claimed_at(const KeyRow *row)
 // ---------------------------------------------------------------------------------------------
 // Batches (message consumers)
 
-static int
-compare_text(Datum a, Datum b)
+// A key of a batch: its bytes, detoasted once rather than on each comparison, and its index in
+// the input.
+struct SortedKey
 {
-	text *x = DatumGetTextPP(a);
-	text *y = DatumGetTextPP(b);
-	int xlen = VARSIZE_ANY_EXHDR(x), ylen = VARSIZE_ANY_EXHDR(y);
-	int c = memcmp(VARDATA_ANY(x), VARDATA_ANY(y), Min(xlen, ylen));
-	return c != 0 ? c : (xlen > ylen) - (xlen < ylen);
+	const char *bytes;
+	int len;
+	int index;
+};
+
+static int
+compare_bytes(const SortedKey *a, const SortedKey *b)
+{
+	int c = memcmp(a->bytes, b->bytes, Min(a->len, b->len));
+	return c != 0 ? c : (a->len > b->len) - (a->len < b->len);
+}
+
+static bool
+same_key(const SortedKey *a, const SortedKey *b)
+{
+	return a->len == b->len && memcmp(a->bytes, b->bytes, a->len) == 0;
 }
 
 static int
-compare_positions(const void *a, const void *b, void *arg)
+compare_sorted_keys(const void *a, const void *b)
 {
-	const Datum *keys = static_cast<const Datum *>(arg);
-	int i = *static_cast<const int *>(a), j = *static_cast<const int *>(b);
-	int c = compare_text(keys[i], keys[j]);
-	return c != 0 ? c : (i > j) - (i < j);
+	const SortedKey *x = static_cast<const SortedKey *>(a), *y = static_cast<const SortedKey *>(b);
+	int c = compare_bytes(x, y);
+	return c != 0 ? c : (x->index > y->index) - (x->index < y->index);
 }
 
-// The keys' indexes in the primary key's order (the key column's collation is "C": byte order),
-// equal keys by their place in the input. Every batch takes its keys in this one order, so two
-// batches that share keys meet on the first shared one, and neither can hold a key the other
-// waits for while waiting itself: no deadlock, whatever the order of the ids in each batch.
-static int *
-sorted_positions(int nkeys, const Datum *keys)
+// The keys in the primary key's order (the key column's collation is "C": byte order), equal keys
+// by their place in the input. Every batch takes its keys in this one order, so two batches that
+// share keys meet on the first shared one, and neither can hold a key the other waits for while
+// waiting itself: no deadlock, whatever the order of the ids in each batch.
+static SortedKey *
+sorted_keys(int nkeys, const Datum *keys)
 {
-	int *order = (int *) palloc(sizeof(int) * Max(nkeys, 1));
+	SortedKey *sorted = (SortedKey *) palloc(sizeof(SortedKey) * Max(nkeys, 1));
 	for (int i = 0; i < nkeys; i++)
-		order[i] = i;
-	qsort_arg(order, nkeys, sizeof(int), compare_positions, const_cast<Datum *>(keys));
-	return order;
+	{
+		text *k = DatumGetTextPP(keys[i]);
+		sorted[i].bytes = VARDATA_ANY(k);
+		sorted[i].len = VARSIZE_ANY_EXHDR(k);
+		sorted[i].index = i;
+	}
+	qsort(sorted, nkeys, sizeof(SortedKey), compare_sorted_keys);
+	return sorted;
 }
 
 // Each key's fingerprint as idem_claim would store it: the one given, or the request's.
@@ -934,7 +974,7 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 {
 	TimestampTz deadline = in->wait == nullptr ? 0 : add_interval(GetCurrentTimestamp(), in->wait);
 	stats_batch_begin(in->scope);
-	int *order = sorted_positions(in->nkeys, in->keys);
+	SortedKey *sorted = sorted_keys(in->nkeys, in->keys);
 	KeyTable kt;
 	bool direct = keytable_open(&kt, Access::write, "idem_claim_batch()");
 	bool *has_fingerprint = (bool *) palloc(sizeof(bool) * Max(in->nkeys, 1));
@@ -944,9 +984,9 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 	// once; repeated with a different request it is refused before anything is written.
 	for (int s = 1; s < in->nkeys; s++)
 	{
-		int first = order[s - 1], next = order[s];
-		if (compare_text(in->keys[first], in->keys[next]) != 0)
+		if (!same_key(&sorted[s - 1], &sorted[s]))
 			continue;
+		int first = sorted[s - 1].index, next = sorted[s].index;
 		bool distinct = has_fingerprint[first] != has_fingerprint[next] ||
 		                (has_fingerprint[first] && !bytea_equal(fingerprint[first], fingerprint[next]));
 		if (distinct)
@@ -963,14 +1003,18 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 	if (direct)
 	{
 		keytable_prepare_write(&kt);
-		keytable_batch_begin(&kt, in->scope, in->nkeys);
+		// Where each row was written, for the completion in this transaction; applied keys are
+		// finished already.
+		if (!in->applied)
+			keytable_batch_begin(&kt, in->scope, in->nkeys);
 	}
 	MemoryContext key_cxt = per_key_context();
+	BatchGuess guess;
 	for (int s = 0; s < in->nkeys; s++)
 	{
-		int i = order[s];
-		if (s > 0 && compare_text(in->keys[order[s - 1]], in->keys[i]) == 0)
+		if (s > 0 && same_key(&sorted[s - 1], &sorted[s]))
 			continue;
+		int i = sorted[s].index;
 		CHECK_FOR_INTERRUPTS();
 		MemoryContext caller_cxt = MemoryContextSwitchTo(key_cxt);
 		ClaimInput key_in;
@@ -993,8 +1037,9 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 		waiter.deadline = deadline;
 		if (direct)
 		{
-			claim_direct(&kt, &key_in, &waiter, &out);
-			keytable_batch_note(&kt, in->scope, in->keys[i]);
+			guess.note(claim_direct(&kt, &key_in, &waiter, &out, guess.insert_first));
+			if (!in->applied)
+				keytable_batch_note(&kt, in->scope, in->keys[i]);
 		}
 		else
 			claim_with_policies(&kt.catalog, &key_in, &waiter, &out);
@@ -1007,21 +1052,24 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 	}
 	MemoryContextDelete(key_cxt);
 	if (direct)
+	{
 		keytable_close(&kt);
-	pfree(order);
+		last_claim_created = guess.insert_first;
+	}
+	pfree(sorted);
 	stats_batch_end();
 }
 
 int64
 finish_batch(const BatchFinishInput *in)
 {
-	int *order = sorted_positions(in->nkeys, in->keys);
+	SortedKey *sorted = sorted_keys(in->nkeys, in->keys);
 	// Each key the batch claimed is finished once: a repeated key is a mistake in the caller's
 	// list, refused before anything is written (its second finish would be IK004).
 	for (int s = 1; s < in->nkeys; s++)
 	{
-		int first = order[s - 1], next = order[s];
-		if (compare_text(in->keys[first], in->keys[next]) == 0)
+		int first = sorted[s - 1].index, next = sorted[s].index;
+		if (same_key(&sorted[s - 1], &sorted[s]))
 			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 			                errmsg("argument \"keys\" repeats idempotency key \"%s\"", key_text(in->keys[next])),
 			                errdetail("keys[%d] and keys[%d] are the same key.", in->position[Min(first, next)],
@@ -1035,7 +1083,7 @@ finish_batch(const BatchFinishInput *in)
 	MemoryContext key_cxt = per_key_context();
 	for (int s = 0; s < in->nkeys; s++)
 	{
-		int i = order[s];
+		int i = sorted[s].index;
 		CHECK_FOR_INTERRUPTS();
 		MemoryContext caller_cxt = MemoryContextSwitchTo(key_cxt);
 		FinishInput key_in;
@@ -1072,7 +1120,7 @@ finish_batch(const BatchFinishInput *in)
 	MemoryContextDelete(key_cxt);
 	if (direct)
 		keytable_close(&kt);
-	pfree(order);
+	pfree(sorted);
 	return in->nkeys;
 }
 
