@@ -136,8 +136,8 @@ def prepare(settings: HttpSettings, options: RouteOptions, *, method: str, route
             return problem(400, "idempotency_key_missing",
                            f"this endpoint requires an {settings.header} header")
         return UnkeyedRequest()
-    if not 1 <= len(key) <= settings.max_key_length or not all(
-            0x20 <= ord(c) <= 0x7E for c in key):
+    # printable ASCII: 0x20 to 0x7E (isprintable refuses the ASCII control characters)
+    if not (1 <= len(key) <= settings.max_key_length and key.isascii() and key.isprintable()):
         return problem(400, "idempotency_key_invalid",
                        f"the {settings.header} header must be 1 to {settings.max_key_length}"
                        " printable ASCII characters")
