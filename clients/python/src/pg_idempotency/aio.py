@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional
 
 import psycopg
+from psycopg import pq
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
@@ -320,7 +321,12 @@ class AsyncIdempotency:
 
 async def _roll_back(conn: AsyncConnection) -> None:
     """See ``client._roll_back``."""
-    if conn.closed or conn.info.transaction_status == TransactionStatus.IDLE:
+    if conn.closed:
+        return
+    if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+        await conn.close()  # an exchange was interrupted (cancelled) with answers unread
+        return
+    if conn.info.transaction_status == TransactionStatus.IDLE:
         return
     try:
         await conn.rollback()

@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 import psycopg
+from psycopg import pq
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
@@ -71,8 +72,8 @@ class Idempotency:
         self.ttl = ttl
         #: how many times a transaction that failed with 40001 or 40P01 is run again
         self.transaction_retries = transaction_retries
-        #: same-transaction mode sends BEGIN and the claim in one exchange (pipeline mode); False
-        #: sends them apart: one round trip more, and less Python CPU (see the README)
+        #: same-transaction mode sends BEGIN and the claim in one exchange; False sends them
+        #: apart: one round trip more (see the README)
         self.begin_with_claim = begin_with_claim
         self._extension: Optional[proto.Extension] = None
 
@@ -383,7 +384,12 @@ def _roll_back(conn: Connection) -> None:
     """End the runner's transaction without its writes, if it is still open (a failing COMMIT
     has ended it; a broken connection is discarded by the pool). A rollback that fails does not
     hide the error that led to it."""
-    if conn.closed or conn.info.transaction_status == TransactionStatus.IDLE:
+    if conn.closed:
+        return
+    if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+        conn.close()  # an exchange was interrupted (cancelled) with answers unread
+        return
+    if conn.info.transaction_status == TransactionStatus.IDLE:
         return
     try:
         conn.rollback()  # psycopg's: it also resets its prepared-statement cache
