@@ -267,3 +267,27 @@ async def test_async_new_key_replay_and_error_exchanges(aidem: AsyncIdempotency,
         assert c.autocommit is False
         assert await (await c.execute("SELECT 1")).fetchone() == (1,)
         await c.rollback()
+
+
+@pytest.mark.asyncio
+async def test_async_failing_complete_rolls_back(aidem: AsyncIdempotency, wire: ExchangeCounter,
+                                                 conn: Conn, key: str) -> None:
+    async def finishes_it_first(c: AConn) -> Reply:
+        await c.execute("INSERT INTO orders (customer, total, idem_key) VALUES ('ada', 1, %s)",
+                        (key,))
+        await c.execute("SELECT FROM idem_complete(%s, '{}')", (key,))
+        return Reply({"by": "runner"})
+
+    before = wire.ready
+    with pytest.raises(errors.KeyNotPendingError):
+        await aidem.run_in_transaction(key, finishes_it_first)
+    # BEGIN + claim, INSERT, the handler's complete, complete + COMMIT (refused), ROLLBACK
+    assert wire.ready - before == 5
+    assert conn.execute("SELECT count(*) FROM orders WHERE idem_key = %s",
+                        (key,)).fetchone() == (0,)
+    async with aidem.pool.connection() as c:
+        assert c.info.transaction_status is pq.TransactionStatus.IDLE
+        assert c.pgconn.pipeline_status == pq.PipelineStatus.OFF
+        assert await (await c.execute("SELECT count(*) FROM idem_keys WHERE key = %s",
+                                      (key,))).fetchone() == (0,)
+        await c.rollback()
