@@ -151,7 +151,9 @@ def prepare(settings: HttpSettings, options: RouteOptions, *, method: str, route
             parsed = None
             text = None  # not JSON after all: the handler answers it; fingerprint the bytes
         else:
-            if proto.has_nul(parsed):
+            # U+0000 can only be written as the escape \u0000 in valid JSON: without that text,
+            # no walk over the parsed value
+            if "\\u0000" in text and proto.has_nul(parsed):
                 return problem(400, "invalid_json",
                                "JSON strings in the request body must not contain \\u0000")
     if text is not None:
