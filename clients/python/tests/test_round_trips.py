@@ -140,6 +140,43 @@ def test_a_handler_that_ends_the_transaction_is_refused(idem: Idempotency, wire:
     assert_clean(idem.pool)
 
 
+@pytest.mark.parametrize("end", ["commit", "rollback"])
+def test_the_handler_cannot_end_the_transaction_through_psycopg(idem: Idempotency, conn: Conn,
+                                                                key: str, end: str) -> None:
+    def ends(c: Conn) -> Reply:
+        c.execute("INSERT INTO orders (customer, total, idem_key) VALUES ('ada', 1, %s)", (key,))
+        getattr(c, end)()  # refused, as inside conn.transaction(): nothing is committed
+        return Reply({"order": 1})
+
+    with pytest.raises(psycopg.ProgrammingError, match="forbidden within a Transaction"):
+        idem.run_in_transaction(key, ends)
+    assert conn.execute("SELECT count(*) FROM orders WHERE idem_key = %s", (key,)).fetchone() == (0,)
+    assert idem.lookup(conn, key) is None
+    assert_clean(idem.pool)
+    # the connection goes on as before: a handler's own savepoint still works
+    def nested(c: Conn) -> Reply:
+        with c.transaction():
+            c.execute("INSERT INTO orders (customer, total, idem_key) VALUES ('ada', 1, %s)", (key,))
+        return Reply({"order": 2})
+
+    assert isinstance(idem.run_in_transaction(key, nested), Executed)
+    assert conn.execute("SELECT count(*) FROM orders WHERE idem_key = %s", (key,)).fetchone() == (1,)
+
+
+@pytest.mark.asyncio
+async def test_the_async_handler_cannot_commit(aidem: AsyncIdempotency, conn: Conn,
+                                               key: str) -> None:
+    async def commits(c: Any) -> Reply:
+        await c.execute("INSERT INTO orders (customer, total, idem_key) VALUES ('ada', 1, %s)", (key,))
+        await c.commit()
+        return Reply({"order": 1})
+
+    with pytest.raises(psycopg.ProgrammingError, match="forbidden within a Transaction"):
+        await aidem.run_in_transaction(key, commits)
+    assert conn.execute("SELECT count(*) FROM orders WHERE idem_key = %s", (key,)).fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM idem_keys WHERE key = %s", (key,)).fetchone() == (0,)
+
+
 @pytest.mark.parametrize("case, error", [
     ("changed request", errors.KeyMismatchError),
     ("bad key", errors.InvalidArgumentError),

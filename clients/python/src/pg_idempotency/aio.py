@@ -16,7 +16,7 @@ from . import _protocol as proto
 from . import _wire
 from . import errors
 from .client import (_COMMIT, _PIPELINE, ExceptionPolicy, _check_no_transaction, _not_claimed,
-                     logger)
+                     _transaction_held, logger)
 from .lease import Lease
 from .results import ClaimResult, Executed, KeyRow, Outcome, Reply, RunResult
 
@@ -215,7 +215,8 @@ class AsyncIdempotency:
                      handler: Callable[[AsyncConnection], Awaitable[Reply]],
                      on_exception: Optional[ExceptionPolicy]) -> Reply:
         if on_exception is None:
-            return await handler(conn)
+            with _transaction_held(conn):
+                return await handler(conn)
         try:
             async with conn.transaction():  # savepoint: see Idempotency
                 return await handler(conn)

@@ -47,6 +47,20 @@ def _autocommit(conn: Connection) -> Iterator[None]:
             conn.close()
 
 
+@contextmanager
+def _transaction_held(conn: "psycopg.BaseConnection[Any]") -> Iterator[None]:
+    """While the handler runs, psycopg refuses ``conn.commit()`` and ``conn.rollback()`` with
+    its own ProgrammingError, as inside ``conn.transaction()``: the transaction holds the key,
+    and the runner opened it without psycopg's Transaction (which would add an exchange). psycopg
+    counts its open Transaction blocks in ``_num_transactions`` (3.0 to 3.2) and checks it in
+    commit() and rollback()."""
+    conn._num_transactions += 1
+    try:
+        yield
+    finally:
+        conn._num_transactions -= 1
+
+
 def _check_no_transaction(conn: Union[Connection, "psycopg.AsyncConnection[Any]"]) -> None:
     if conn.info.transaction_status != TransactionStatus.IDLE:
         raise errors.OpenTransactionError(
@@ -249,7 +263,8 @@ class Idempotency:
     def _reply(self, conn: Connection, handler: Callable[[Connection], Reply],
                on_exception: Optional[ExceptionPolicy]) -> Reply:
         if on_exception is None:
-            return handler(conn)
+            with _transaction_held(conn):
+                return handler(conn)
         try:
             # a savepoint, so that a failure stored by the policy leaves out the writes
             with conn.transaction():
