@@ -61,6 +61,10 @@ class ExchangeCounter:
             return self._ready
 
     def close(self) -> None:
+        try:  # wakes the accepting thread (closing alone does not, on Linux)
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._listener.close()
         with self._lock:
             sockets = list(self._sockets)

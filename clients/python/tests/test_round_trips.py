@@ -1,5 +1,6 @@
 """Round trips of same-transaction mode, counted on the wire (the server's ReadyForQuery
-messages, through a proxy): BEGIN goes with the claim, in one exchange."""
+messages, through a proxy): BEGIN goes with the claim, and the result with COMMIT, each pair in
+one exchange."""
 
 from __future__ import annotations
 
@@ -66,9 +67,9 @@ def test_new_key_and_replay_exchanges(idem: Idempotency, wire: ExchangeCounter, 
     first = idem.run_in_transaction(key, insert_order(key, seen, wire), request={"total": 42},
                                     read_row=False)
     assert isinstance(first, Executed)
-    # BEGIN + claim before the handler; then INSERT, complete, COMMIT
+    # BEGIN + claim before the handler; then INSERT, and complete + COMMIT
     assert seen == [before + 1]
-    assert wire.ready - before == 4
+    assert wire.ready - before == 3
     before = wire.ready
     replay = idem.run_in_transaction(key, insert_order(key, seen, wire), request={"total": 42})
     assert isinstance(replay, Replayed) and replay.response == first.reply.response
@@ -88,7 +89,8 @@ def test_begin_apart_when_asked(wire: ExchangeCounter, key: str) -> None:
         seen: list[int] = []
         before = wire.ready
         idem.run_in_transaction(key, insert_order(key, seen, wire))
-        assert seen == [before + 2] and wire.ready - before == 5  # BEGIN, claim, ..., COMMIT
+        # BEGIN, claim, INSERT, complete + COMMIT
+        assert seen == [before + 2] and wire.ready - before == 4
         before = wire.ready
         assert isinstance(idem.run_in_transaction(key, insert_order(key, seen, wire)), Replayed)
         assert wire.ready - before == 3
@@ -103,6 +105,76 @@ def test_replays_stay_at_two_exchanges_once_statements_are_prepared(
         assert isinstance(idem.run_in_transaction(key, insert_order(key, [], wire)), Replayed)
     assert wire.ready - before == 24
     assert_clean(idem.pool)
+
+
+def test_a_failing_complete_rolls_back(idem: Idempotency, wire: ExchangeCounter, conn: Conn,
+                                       key: str) -> None:
+    """The result and COMMIT go in one exchange: when the result is refused, COMMIT is skipped
+    and the runner rolls the transaction back, with the handler's writes and the key."""
+    def finishes_it_first(c: Conn) -> Reply:
+        insert_order(key, [], wire)(c)
+        c.execute("SELECT FROM idem_complete(%s, '{\"by\": \"handler\"}')", (key,))
+        return Reply({"by": "runner"})
+
+    before = wire.ready
+    with pytest.raises(errors.KeyNotPendingError):
+        idem.run_in_transaction(key, finishes_it_first)
+    # BEGIN + claim, INSERT, the handler's complete, complete + COMMIT (refused), ROLLBACK
+    assert wire.ready - before == 5
+    assert conn.execute("SELECT count(*) FROM orders WHERE idem_key = %s",
+                        (key,)).fetchone() == (0,)
+    assert idem.lookup(conn, key) is None
+    assert_clean(idem.pool)
+
+
+def test_a_handler_that_ends_the_transaction_is_refused(idem: Idempotency, wire: ExchangeCounter,
+                                                        key: str) -> None:
+    def commits(c: Conn) -> Reply:
+        insert_order(key, [], wire)(c)
+        c.execute("COMMIT")
+        return Reply({"order": 1})
+
+    # its result would otherwise be stored outside the transaction that holds the key
+    with pytest.raises(errors.UsageError, match="ended the transaction"):
+        idem.run_in_transaction(key, commits)
+    assert_clean(idem.pool)
+
+
+@pytest.mark.parametrize("end", ["commit", "rollback"])
+def test_the_handler_cannot_end_the_transaction_through_psycopg(idem: Idempotency, conn: Conn,
+                                                                key: str, end: str) -> None:
+    def ends(c: Conn) -> Reply:
+        c.execute("INSERT INTO orders (customer, total, idem_key) VALUES ('ada', 1, %s)", (key,))
+        getattr(c, end)()  # refused, as inside conn.transaction(): nothing is committed
+        return Reply({"order": 1})
+
+    with pytest.raises(psycopg.ProgrammingError, match="forbidden within a Transaction"):
+        idem.run_in_transaction(key, ends)
+    assert conn.execute("SELECT count(*) FROM orders WHERE idem_key = %s", (key,)).fetchone() == (0,)
+    assert idem.lookup(conn, key) is None
+    assert_clean(idem.pool)
+    # the connection goes on as before: a handler's own savepoint still works
+    def nested(c: Conn) -> Reply:
+        with c.transaction():
+            c.execute("INSERT INTO orders (customer, total, idem_key) VALUES ('ada', 1, %s)", (key,))
+        return Reply({"order": 2})
+
+    assert isinstance(idem.run_in_transaction(key, nested), Executed)
+    assert conn.execute("SELECT count(*) FROM orders WHERE idem_key = %s", (key,)).fetchone() == (1,)
+
+
+@pytest.mark.asyncio
+async def test_the_async_handler_cannot_commit(aidem: AsyncIdempotency, conn: Conn,
+                                               key: str) -> None:
+    async def commits(c: Any) -> Reply:
+        await c.execute("INSERT INTO orders (customer, total, idem_key) VALUES ('ada', 1, %s)", (key,))
+        await c.commit()
+        return Reply({"order": 1})
+
+    with pytest.raises(psycopg.ProgrammingError, match="forbidden within a Transaction"):
+        await aidem.run_in_transaction(key, commits)
+    assert conn.execute("SELECT count(*) FROM orders WHERE idem_key = %s", (key,)).fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM idem_keys WHERE key = %s", (key,)).fetchone() == (0,)
 
 
 @pytest.mark.parametrize("case, error", [
@@ -217,7 +289,7 @@ async def test_async_new_key_replay_and_error_exchanges(aidem: AsyncIdempotency,
     before = wire.ready
     first = await aidem.run_in_transaction(key, handler, request={"n": 1}, read_row=False)
     assert isinstance(first, Executed)
-    assert seen == [before + 1] and wire.ready - before == 4
+    assert seen == [before + 1] and wire.ready - before == 3
     before = wire.ready
     replay = await aidem.run_in_transaction(key, handler, request={"n": 1})
     assert isinstance(replay, Replayed) and replay.response == {"ok": 1}
@@ -231,4 +303,28 @@ async def test_async_new_key_replay_and_error_exchanges(aidem: AsyncIdempotency,
         assert c.pgconn.pipeline_status == pq.PipelineStatus.OFF
         assert c.autocommit is False
         assert await (await c.execute("SELECT 1")).fetchone() == (1,)
+        await c.rollback()
+
+
+@pytest.mark.asyncio
+async def test_async_failing_complete_rolls_back(aidem: AsyncIdempotency, wire: ExchangeCounter,
+                                                 conn: Conn, key: str) -> None:
+    async def finishes_it_first(c: AConn) -> Reply:
+        await c.execute("INSERT INTO orders (customer, total, idem_key) VALUES ('ada', 1, %s)",
+                        (key,))
+        await c.execute("SELECT FROM idem_complete(%s, '{}')", (key,))
+        return Reply({"by": "runner"})
+
+    before = wire.ready
+    with pytest.raises(errors.KeyNotPendingError):
+        await aidem.run_in_transaction(key, finishes_it_first)
+    # BEGIN + claim, INSERT, the handler's complete, complete + COMMIT (refused), ROLLBACK
+    assert wire.ready - before == 5
+    assert conn.execute("SELECT count(*) FROM orders WHERE idem_key = %s",
+                        (key,)).fetchone() == (0,)
+    async with aidem.pool.connection() as c:
+        assert c.info.transaction_status is pq.TransactionStatus.IDLE
+        assert c.pgconn.pipeline_status == pq.PipelineStatus.OFF
+        assert await (await c.execute("SELECT count(*) FROM idem_keys WHERE key = %s",
+                                      (key,))).fetchone() == (0,)
         await c.rollback()

@@ -5,6 +5,7 @@ The clients only do I/O around these; every rule about keys lives in the extensi
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -44,8 +45,9 @@ class Extension:
 
     version: str
     schema: str
-    #: statement texts already built, by function, the arguments sent and whether a row is read
-    queries: dict[tuple[str, tuple[str, ...], bool], str] = field(
+    #: statement texts already built (psycopg's and libpq's placeholders), by function, the
+    #: arguments sent and whether a row is read
+    queries: dict[tuple[str, tuple[str, ...], bool], tuple[str, bytes]] = field(
         default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -56,11 +58,11 @@ class Extension:
             )
         return cls(str(row[0]), str(row[1]))
 
-    @property
+    @functools.cached_property
     def version_tuple(self) -> tuple[int, ...]:
         return tuple(int(part) for part in self.version.split("."))
 
-    @property
+    @functools.cached_property
     def has_1_2(self) -> bool:
         return self.version_tuple >= V1_2
 
@@ -85,10 +87,12 @@ class Extension:
 
 @dataclass(frozen=True)
 class Call:
-    """One statement and its parameters."""
+    """One statement and its parameters: ``query`` names them (``%(key)s``, for a psycopg
+    cursor), ``wire_query`` numbers them in the order of ``params`` (``$1``, for libpq)."""
 
     query: str
     params: dict[str, Any]
+    wire_query: bytes
 
 
 def _call(ext: Extension, function: str, positional: list[str], named: dict[str, Any],
@@ -100,14 +104,21 @@ def _call(ext: Extension, function: str, positional: list[str], named: dict[str,
     sent = tuple(name for name, value in named.items() if value is not None)
     for name in sent:
         params[name] = named[name]
-    query = ext.queries.get((function, sent, read_row))
-    if query is None:
-        args = [f"%({name})s" for name in positional]
-        args += [f"{name} => %({name})s" for name in sent]
+    texts = ext.queries.get((function, sent, read_row))
+    if texts is None:
         columns = ext.columns(function) if read_row else ""
-        query = f"SELECT {columns} FROM {ext.function(function)}({', '.join(args)})"
-        ext.queries[function, sent, read_row] = query
-    return Call(query, params)
+
+        def text(placeholders: list[str]) -> str:
+            args = placeholders[:len(positional)] + [
+                f"{name} => {placeholder}"
+                for name, placeholder in zip(sent, placeholders[len(positional):])]
+            return f"SELECT {columns} FROM {ext.function(function)}({', '.join(args)})"
+
+        names = list(positional) + list(sent)
+        texts = (text([f"%({name})s" for name in names]),
+                 text([f"${n}" for n in range(1, len(names) + 1)]).encode())
+        ext.queries[function, sent, read_row] = texts
+    return Call(texts[0], params, texts[1])
 
 
 def has_nul(value: Any) -> bool:

@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from datetime import timedelta
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional
 
 import psycopg
+from psycopg import pq
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from . import _protocol as proto
+from . import _wire
 from . import errors
-from .client import ExceptionPolicy, _check_no_transaction, _not_claimed
+from .client import (_COMMIT, _PIPELINE, ExceptionPolicy, _check_no_transaction, _not_claimed,
+                     _transaction_held, logger)
 from .lease import Lease
 from .results import ClaimResult, Executed, KeyRow, Outcome, Reply, RunResult
 
 AsyncConnection = psycopg.AsyncConnection[Any]
-T = TypeVar("T")
 
 
 @asynccontextmanager
@@ -155,18 +157,10 @@ class AsyncIdempotency:
         for retry in range(self.transaction_retries + 1):
             try:
                 async with self.pool.connection() as conn:
-                    call = proto.claim(await self.extension(conn), key, request=request,
-                                       scope=scope, ttl=ttl or self.ttl, lease=self.lease,
-                                       fingerprint=fingerprint, wait=wait)
-                    async with self._begin_and_claim(conn, call) as (tx, claimed):
-                        if claimed.outcome is not Outcome.CLAIMED:
-                            return _not_claimed(claimed)  # COMMIT: see Idempotency
-                        result = await self._transaction_once(
-                            conn, key, claimed, handler, on_exception=on_exception,
-                            scope=scope, read_row=read_row)
-                        if result.reply.failed and result.reply.retryable:
-                            raise psycopg.Rollback(tx)
-                    return result
+                    return await self._in_transaction(
+                        conn, key, handler, request=request, scope=scope, ttl=ttl,
+                        fingerprint=fingerprint, wait=wait, on_exception=on_exception,
+                        read_row=read_row)
             except Exception as exc:
                 if not proto.retries_transaction(exc) or retry == self.transaction_retries:
                     if isinstance(exc, psycopg.Error):
@@ -174,50 +168,65 @@ class AsyncIdempotency:
                     raise
         raise AssertionError("unreachable")
 
-    @asynccontextmanager
-    async def _begin_and_claim(self, conn: AsyncConnection, call: proto.Call
-                               ) -> AsyncIterator[tuple[psycopg.AsyncTransaction, ClaimResult]]:
-        """See ``Idempotency._begin_and_claim``: BEGIN and the claim in one exchange."""
-        if not (self.begin_with_claim and psycopg.AsyncPipeline.is_supported()):
-            async with conn.transaction() as tx:
-                row = await self._run(conn, call)
-                assert row is not None
-                yield tx, proto.parse_claim(row)
-            return
-        async with _autocommit(conn), AsyncExitStack() as transaction:
-            try:
-                async with conn.cursor() as cur:
-                    async with conn.pipeline():
-                        tx = await transaction.enter_async_context(
-                            psycopg.AsyncTransaction(conn))
-                        await cur.execute(call.query, call.params, binary=True)
-                    row = await cur.fetchone()
-            except psycopg.Error as e:
-                raise proto.typed(e) from e
-            assert row is not None
-            yield tx, proto.parse_claim(row)
+    async def _in_transaction(
+            self, conn: AsyncConnection, key: str,
+            handler: Callable[[AsyncConnection], Awaitable[Reply]], *, request: Any, scope: str,
+            ttl: Optional[timedelta], fingerprint: Optional[bytes], wait: Optional[timedelta],
+            on_exception: Optional[ExceptionPolicy], read_row: bool) -> RunResult:
+        """See ``Idempotency._in_transaction``."""
+        ext = await self.extension(conn)
+        claim = _wire.bind(conn, proto.claim(ext, key, request=request, scope=scope,
+                                             ttl=ttl or self.ttl, lease=self.lease,
+                                             fingerprint=fingerprint, wait=wait))
+        try:
+            if self.begin_with_claim and _PIPELINE:
+                answer = (await _wire.run_async(conn, [_wire.begin(conn), claim]))[1]
+            else:
+                await _wire.run_async(conn, [_wire.begin(conn)])
+                answer = (await _wire.run_async(conn, [claim]))[0]
+            claimed_row = _wire.row(conn, answer)
+            assert claimed_row is not None
+            claimed = proto.parse_claim(claimed_row)
+            if claimed.outcome is not Outcome.CLAIMED:
+                await conn.commit()  # COMMIT, not ROLLBACK: see Idempotency
+                return _not_claimed(claimed)
+            reply = await self._reply(conn, handler, on_exception)
+            if reply.failed and reply.retryable:
+                await _roll_back(conn)  # with the key: a retry runs afresh
+                return Executed(reply, None)
+            if conn.info.transaction_status == TransactionStatus.IDLE:
+                raise errors.UsageError(
+                    "the handler ended the transaction that holds the key (commit or rollback);"
+                    " the runner commits it, with the handler's result")
+            finish = _wire.bind(conn, proto.finish(ext, key, reply, scope=scope,
+                                                   attempt=claimed.attempt, read_row=read_row))
+            if _PIPELINE:
+                answer = (await _wire.run_async(conn, [finish, _COMMIT]))[0]
+            else:
+                answer = (await _wire.run_async(conn, [finish]))[0]
+                await _wire.run_async(conn, [_COMMIT])
+            row = proto.parse_key_row(_wire.row(conn, answer)) if read_row else None
+            return Executed(reply, row)
+        except BaseException:
+            await _roll_back(conn)
+            raise
 
-    async def _transaction_once(
-            self, conn: AsyncConnection, key: str, claimed: ClaimResult,
-            handler: Callable[[AsyncConnection], Awaitable[Reply]], *, scope: str,
-            on_exception: Optional[ExceptionPolicy], read_row: bool) -> Executed:
+    async def _reply(self, conn: AsyncConnection,
+                     handler: Callable[[AsyncConnection], Awaitable[Reply]],
+                     on_exception: Optional[ExceptionPolicy]) -> Reply:
         if on_exception is None:
-            reply = await handler(conn)
-        else:
-            try:
-                async with conn.transaction():  # savepoint: see Idempotency
-                    reply = await handler(conn)
-            except Exception as exc:
-                if proto.retries_transaction(exc):
-                    raise
-                policy_reply = on_exception(exc)
-                if policy_reply is None:
-                    raise
-                reply = policy_reply
-        if reply.failed and reply.retryable:
-            return Executed(reply, None)  # rolled back with the key by the caller
-        return Executed(reply, await self._finish(conn, key, reply, scope=scope,
-                                                  attempt=claimed.attempt, read_row=read_row))
+            with _transaction_held(conn):
+                return await handler(conn)
+        try:
+            async with conn.transaction():  # savepoint: see Idempotency
+                return await handler(conn)
+        except Exception as exc:
+            if proto.retries_transaction(exc):
+                raise
+            policy_reply = on_exception(exc)
+            if policy_reply is None:
+                raise
+            return policy_reply
 
     # ---- lease mode ----------------------------------------------------------------------
 
@@ -236,9 +245,11 @@ class AsyncIdempotency:
             (await self.extension(conn)).require("heartbeat (idem_extend)", proto.V1_2)
         if conn is not None:
             _check_no_transaction(conn)
-        claimed: ClaimResult = await self._leased(conn, lambda c: self.claim(
-            c, key, request=request, scope=scope, ttl=ttl, lease=lease,
+        claimed_row = await self._leased(conn, lambda ext: proto.claim(
+            ext, key, request=request, scope=scope, ttl=ttl or self.ttl, lease=lease,
             fingerprint=fingerprint, wait=wait))
+        assert claimed_row is not None
+        claimed = proto.parse_claim(claimed_row)
         if claimed.outcome is not Outcome.CLAIMED:
             return _not_claimed(claimed)
         assert claimed.attempt is not None
@@ -256,45 +267,70 @@ class AsyncIdempotency:
             policy_reply = on_exception(exc) if on_exception is not None else None
             if policy_reply is None:
                 try:
-                    await self._leased(conn, lambda c: self._finish(
-                        c, key, Reply.failure(), scope=scope, attempt=held.attempt,
+                    await self._leased(conn, lambda ext: proto.finish(
+                        ext, key, Reply.failure(), scope=scope, attempt=held.attempt,
                         read_row=False))
                 except (errors.StaleAttemptError, errors.KeyNotFoundError,
                         errors.KeyNotPendingError):
                     pass  # no longer this attempt's key: nothing to record; the error raises
                 raise
             reply = policy_reply
-        row = await self._leased(conn, lambda c: self._finish(
-            c, key, reply, scope=scope, attempt=held.attempt, read_row=read_row))
-        return Executed(reply, row)
+        row = await self._leased(conn, lambda ext: proto.finish(
+            ext, key, reply, scope=scope, attempt=held.attempt, read_row=read_row))
+        return Executed(reply, proto.parse_key_row(row) if read_row else None)
 
     async def _leased(self, conn: Optional[AsyncConnection],
-                      call: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+                      call: Callable[[proto.Extension], proto.Call]
+                      ) -> Optional[tuple[Any, ...]]:
+        """See ``Idempotency._leased``; ``call`` builds the statement for the extension."""
         for retry in range(self.transaction_retries + 1):
             try:
                 if conn is not None:
                     _check_no_transaction(conn)
-                    async with _autocommit(conn):
-                        return await call(conn)
+                    return await self._autocommitted(conn, call)
                 async with self.pool.connection() as own:
                     _check_no_transaction(own)
-                    async with _autocommit(own):
-                        return await call(own)
+                    return await self._autocommitted(own, call)
             except errors.DatabaseError as exc:
                 if not exc.retry_transaction or retry == self.transaction_retries:
                     raise
         raise AssertionError("unreachable")
+
+    async def _autocommitted(self, conn: AsyncConnection,
+                             call: Callable[[proto.Extension], proto.Call]
+                             ) -> Optional[tuple[Any, ...]]:
+        statement = _wire.bind(conn, call(await self.extension(conn)))
+        try:
+            return _wire.row(conn, (await _wire.run_async(conn, [statement]))[0])
+        except psycopg.Error as e:
+            raise proto.typed(e) from e
 
     async def _heartbeat(self, held: Lease, length: timedelta) -> None:
         """Extends the lease every third of its length until cancelled."""
         while True:
             await asyncio.sleep(length.total_seconds() / 3)
             try:
-                await self._leased(None, lambda c: self.extend(c, held.key, held.attempt, length,
-                                                                scope=held.scope))
+                await self._leased(None, lambda ext: proto.extend(
+                    ext, held.key, held.attempt, length, scope=held.scope))
             except (errors.StaleAttemptError, errors.KeyNotFoundError,
                     errors.KeyNotPendingError) as exc:
                 held.lost = exc
                 return
             except Exception as exc:  # the database is unreachable now: try at the next beat
                 held.heartbeat_error = exc
+
+
+async def _roll_back(conn: AsyncConnection) -> None:
+    """See ``client._roll_back``."""
+    if conn.closed:
+        return
+    if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+        await conn.close()  # an exchange was interrupted (cancelled) with answers unread
+        return
+    if conn.info.transaction_status == TransactionStatus.IDLE:
+        return
+    try:
+        await conn.rollback()
+    except Exception as exc:
+        logger.warning("rollback of the idempotency runner's transaction failed: %s", exc)
+        await conn.close()

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import threading
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 import psycopg
+from psycopg import pq
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
 from . import _protocol as proto
+from . import _wire
 from . import errors
 from .lease import Lease
 from .results import (ClaimResult, Executed, InProgress, KeyRow, Outcome, Replayed, Reply,
@@ -19,16 +22,18 @@ from .results import (ClaimResult, Executed, InProgress, KeyRow, Outcome, Replay
 
 Connection = psycopg.Connection[Any]
 ExceptionPolicy = Callable[[Exception], Optional[Reply]]
-T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
+#: libpq 14 or later: several statements before one Sync
+_PIPELINE = psycopg.Pipeline.is_supported()
+_COMMIT = _wire.Statement(_wire.COMMIT)
 
 
 @contextmanager
 def _autocommit(conn: Connection) -> Iterator[None]:
-    """Autocommit on an idle connection: one round trip per call, no BEGIN/COMMIT; or around a
-    transaction block that psycopg opens itself, which autocommit does not change (the block's
-    BEGIN is explicit), so that in pipeline mode a statement whose BEGIN is still queued does
-    not send a BEGIN of its own, and a Sync with it. Afterwards the connection is as it was, or
-    closed (so the pool discards it) if it was left broken."""
+    """Autocommit on an idle connection (reading the extension's version): one round trip, no
+    transaction left open. Afterwards the connection is as it was, or closed (so the pool
+    discards it) if it was left broken."""
     if conn.autocommit:
         yield
         return
@@ -40,6 +45,20 @@ def _autocommit(conn: Connection) -> Iterator[None]:
             conn.autocommit = False
         else:
             conn.close()
+
+
+@contextmanager
+def _transaction_held(conn: "psycopg.BaseConnection[Any]") -> Iterator[None]:
+    """While the handler runs, psycopg refuses ``conn.commit()`` and ``conn.rollback()`` with
+    its own ProgrammingError, as inside ``conn.transaction()``: the transaction holds the key,
+    and the runner opened it without psycopg's Transaction (which would add an exchange). psycopg
+    counts its open Transaction blocks in ``_num_transactions`` (3.0 to 3.2) and checks it in
+    commit() and rollback()."""
+    conn._num_transactions += 1
+    try:
+        yield
+    finally:
+        conn._num_transactions -= 1
 
 
 def _check_no_transaction(conn: Union[Connection, "psycopg.AsyncConnection[Any]"]) -> None:
@@ -67,8 +86,8 @@ class Idempotency:
         self.ttl = ttl
         #: how many times a transaction that failed with 40001 or 40P01 is run again
         self.transaction_retries = transaction_retries
-        #: same-transaction mode sends BEGIN and the claim in one exchange (pipeline mode); False
-        #: sends them apart: one round trip more, and less Python CPU (see the README)
+        #: same-transaction mode sends BEGIN and the claim in one exchange; False sends them
+        #: apart: one round trip more (see the README)
         self.begin_with_claim = begin_with_claim
         self._extension: Optional[proto.Extension] = None
 
@@ -185,21 +204,9 @@ class Idempotency:
         for retry in range(self.transaction_retries + 1):
             try:
                 with self.pool.connection() as conn:
-                    call = proto.claim(self.extension(conn), key, request=request, scope=scope,
-                                       ttl=ttl or self.ttl, lease=self.lease,
-                                       fingerprint=fingerprint, wait=wait)
-                    with self._begin_and_claim(conn, call) as (tx, claimed):
-                        if claimed.outcome is not Outcome.CLAIMED:
-                            # a replay or a key in progress wrote nothing: COMMIT ends it as
-                            # cheaply as ROLLBACK, and psycopg 3.1 follows every ROLLBACK with
-                            # DEALLOCATE ALL (another round trip, and no statement stays prepared)
-                            return _not_claimed(claimed)
-                        result = self._transaction_once(conn, key, claimed, handler,
-                                                        on_exception=on_exception, scope=scope,
-                                                        read_row=read_row)
-                        if result.reply.failed and result.reply.retryable:
-                            raise psycopg.Rollback(tx)
-                    return result
+                    return self._in_transaction(conn, key, handler, request=request, scope=scope,
+                                                ttl=ttl, fingerprint=fingerprint, wait=wait,
+                                                on_exception=on_exception, read_row=read_row)
             except Exception as exc:
                 if not proto.retries_transaction(exc) or retry == self.transaction_retries:
                     if isinstance(exc, psycopg.Error):
@@ -207,52 +214,68 @@ class Idempotency:
                     raise
         raise AssertionError("unreachable")
 
-    @contextmanager
-    def _begin_and_claim(self, conn: Connection, call: proto.Call
-                         ) -> Iterator[tuple[psycopg.Transaction, ClaimResult]]:
-        """A transaction block whose BEGIN and claim go to the server in one exchange (both in
-        the extended protocol before one Sync, the claim's parameters bound), through psycopg's
-        pipeline mode: entering it sends nothing, leaving it sends the Sync and reads both
-        answers. The block ends (COMMIT, or ROLLBACK on an exception) when the caller's does."""
-        if not (self.begin_with_claim and psycopg.Pipeline.is_supported()):  # needs libpq 14
-            with conn.transaction() as tx:
-                row = self._run(conn, call)
-                assert row is not None
-                yield tx, proto.parse_claim(row)
-            return
-        with _autocommit(conn), ExitStack() as transaction:
-            try:
-                with conn.cursor() as cur:
-                    with conn.pipeline():
-                        tx = transaction.enter_context(psycopg.Transaction(conn))
-                        cur.execute(call.query, call.params, binary=True)
-                    row = cur.fetchone()
-            except psycopg.Error as e:
-                raise proto.typed(e) from e
-            assert row is not None
-            yield tx, proto.parse_claim(row)
+    def _in_transaction(self, conn: Connection, key: str, handler: Callable[[Connection], Reply],
+                        *, request: Any, scope: str, ttl: Optional[timedelta],
+                        fingerprint: Optional[bytes], wait: Optional[timedelta],
+                        on_exception: Optional[ExceptionPolicy], read_row: bool) -> RunResult:
+        """One transaction on a pool connection (idle): BEGIN with the claim in one exchange,
+        the handler, then the result with COMMIT in one exchange (see ``_wire``)."""
+        ext = self.extension(conn)
+        claim = _wire.bind(conn, proto.claim(ext, key, request=request, scope=scope,
+                                             ttl=ttl or self.ttl, lease=self.lease,
+                                             fingerprint=fingerprint, wait=wait))
+        try:
+            if self.begin_with_claim and _PIPELINE:
+                answer = _wire.run(conn, [_wire.begin(conn), claim])[1]
+            else:
+                _wire.run(conn, [_wire.begin(conn)])
+                answer = _wire.run(conn, [claim])[0]
+            claimed_row = _wire.row(conn, answer)
+            assert claimed_row is not None
+            claimed = proto.parse_claim(claimed_row)
+            if claimed.outcome is not Outcome.CLAIMED:
+                # a replay or a key in progress wrote nothing: COMMIT ends it as cheaply as
+                # ROLLBACK, and psycopg 3.1 follows every ROLLBACK with DEALLOCATE ALL (another
+                # round trip, and no statement stays prepared)
+                conn.commit()
+                return _not_claimed(claimed)
+            reply = self._reply(conn, handler, on_exception)
+            if reply.failed and reply.retryable:
+                _roll_back(conn)  # with the key: a retry runs afresh
+                return Executed(reply, None)
+            if conn.info.transaction_status == TransactionStatus.IDLE:
+                raise errors.UsageError(
+                    "the handler ended the transaction that holds the key (commit or rollback);"
+                    " the runner commits it, with the handler's result")
+            finish = _wire.bind(conn, proto.finish(ext, key, reply, scope=scope,
+                                                   attempt=claimed.attempt, read_row=read_row))
+            if _PIPELINE:
+                answer = _wire.run(conn, [finish, _COMMIT])[0]
+            else:
+                answer = _wire.run(conn, [finish])[0]
+                _wire.run(conn, [_COMMIT])
+            row = proto.parse_key_row(_wire.row(conn, answer)) if read_row else None
+            return Executed(reply, row)
+        except BaseException:
+            _roll_back(conn)
+            raise
 
-    def _transaction_once(self, conn: Connection, key: str, claimed: ClaimResult,
-                          handler: Callable[[Connection], Reply], *, scope: str,
-                          on_exception: Optional[ExceptionPolicy], read_row: bool) -> Executed:
+    def _reply(self, conn: Connection, handler: Callable[[Connection], Reply],
+               on_exception: Optional[ExceptionPolicy]) -> Reply:
         if on_exception is None:
-            reply = handler(conn)
-        else:
-            try:
-                # a savepoint, so that a failure stored by the policy leaves out the writes
-                with conn.transaction():
-                    reply = handler(conn)
-            except Exception as exc:
-                if proto.retries_transaction(exc):
-                    raise
-                policy_reply = on_exception(exc)
-                if policy_reply is None:
-                    raise
-                reply = policy_reply
-        if reply.failed and reply.retryable:
-            return Executed(reply, None)  # rolled back with the key by the caller
-        return Executed(reply, self._finish(conn, key, reply, scope=scope,
-                                            attempt=claimed.attempt, read_row=read_row))
+            with _transaction_held(conn):
+                return handler(conn)
+        try:
+            # a savepoint, so that a failure stored by the policy leaves out the writes
+            with conn.transaction():
+                return handler(conn)
+        except Exception as exc:
+            if proto.retries_transaction(exc):
+                raise
+            policy_reply = on_exception(exc)
+            if policy_reply is None:
+                raise
+            return policy_reply
 
     # ---- lease mode ----------------------------------------------------------------------
 
@@ -279,9 +302,11 @@ class Idempotency:
             self.extension(conn).require("heartbeat (idem_extend)", proto.V1_2)
         if conn is not None:
             _check_no_transaction(conn)
-        claimed: ClaimResult = self._leased(conn, lambda c: self.claim(
-            c, key, request=request, scope=scope, ttl=ttl, lease=lease,
-            fingerprint=fingerprint, wait=wait))
+        claimed_row = self._leased(conn, lambda c: proto.claim(
+            self.extension(c), key, request=request, scope=scope, ttl=ttl or self.ttl,
+            lease=lease, fingerprint=fingerprint, wait=wait))
+        assert claimed_row is not None
+        claimed = proto.parse_claim(claimed_row)
         if claimed.outcome is not Outcome.CLAIMED:
             return _not_claimed(claimed)
         assert claimed.attempt is not None
@@ -299,30 +324,31 @@ class Idempotency:
             policy_reply = on_exception(exc) if on_exception is not None else None
             if policy_reply is None:
                 try:
-                    self._leased(conn, lambda c: self._finish(
-                        c, key, Reply.failure(), scope=scope, attempt=held.attempt,
-                        read_row=False))
+                    self._leased(conn, lambda c: proto.finish(
+                        self.extension(c), key, Reply.failure(), scope=scope,
+                        attempt=held.attempt, read_row=False))
                 except (errors.StaleAttemptError, errors.KeyNotFoundError,
                         errors.KeyNotPendingError):
                     pass  # no longer this attempt's key: nothing to record; the error raises
                 raise
             reply = policy_reply
-        row = self._leased(conn, lambda c: self._finish(c, key, reply, scope=scope,
-                                                        attempt=held.attempt, read_row=read_row))
-        return Executed(reply, row)
+        row = self._leased(conn, lambda c: proto.finish(
+            self.extension(c), key, reply, scope=scope, attempt=held.attempt, read_row=read_row))
+        return Executed(reply, proto.parse_key_row(row) if read_row else None)
 
-    def _leased(self, conn: Optional[Connection], call: Callable[[Connection], T]) -> T:
-        """One autocommit call, on ``conn`` or on a pool connection, 40001 retried."""
+    def _leased(self, conn: Optional[Connection],
+                call: Callable[[Connection], proto.Call]) -> Optional[tuple[Any, ...]]:
+        """One statement in autocommit (an implicit transaction of its own: no BEGIN is sent,
+        and the connection's setting is not switched), on ``conn`` or on a pool connection,
+        40001 retried; its first row."""
         for retry in range(self.transaction_retries + 1):
             try:
                 if conn is not None:
                     _check_no_transaction(conn)
-                    with _autocommit(conn):
-                        return call(conn)
+                    return _autocommitted(conn, call(conn))
                 with self.pool.connection() as own:
                     _check_no_transaction(own)
-                    with _autocommit(own):
-                        return call(own)
+                    return _autocommitted(own, call(own))
             except errors.DatabaseError as exc:
                 if not exc.retry_transaction or retry == self.transaction_retries:
                     raise
@@ -351,14 +377,40 @@ class _Heartbeat:
         held = self._lease
         while not self._stopped.wait(self._length.total_seconds() / 3):
             try:
-                self._client._leased(None, lambda c: self._client.extend(
-                    c, held.key, held.attempt, self._length, scope=held.scope))
+                self._client._leased(None, lambda c: proto.extend(
+                    self._client.extension(c), held.key, held.attempt, self._length,
+                    scope=held.scope))
             except (errors.StaleAttemptError, errors.KeyNotFoundError,
                     errors.KeyNotPendingError) as exc:
                 held.lost = exc
                 return
             except Exception as exc:  # the database is unreachable now: try at the next beat
                 held.heartbeat_error = exc
+
+
+def _autocommitted(conn: Connection, call: proto.Call) -> Optional[tuple[Any, ...]]:
+    try:
+        return _wire.row(conn, _wire.run(conn, [_wire.bind(conn, call)])[0])
+    except psycopg.Error as e:
+        raise proto.typed(e) from e
+
+
+def _roll_back(conn: Connection) -> None:
+    """End the runner's transaction without its writes, if it is still open (a failing COMMIT
+    has ended it; a broken connection is discarded by the pool). A rollback that fails does not
+    hide the error that led to it."""
+    if conn.closed:
+        return
+    if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+        conn.close()  # an exchange was interrupted (cancelled) with answers unread
+        return
+    if conn.info.transaction_status == TransactionStatus.IDLE:
+        return
+    try:
+        conn.rollback()  # psycopg's: it also resets its prepared-statement cache
+    except Exception as exc:
+        logger.warning("rollback of the idempotency runner's transaction failed: %s", exc)
+        conn.close()
 
 
 def _not_claimed(claimed: ClaimResult) -> RunResult:

@@ -136,8 +136,8 @@ def prepare(settings: HttpSettings, options: RouteOptions, *, method: str, route
             return problem(400, "idempotency_key_missing",
                            f"this endpoint requires an {settings.header} header")
         return UnkeyedRequest()
-    if not 1 <= len(key) <= settings.max_key_length or not all(
-            0x20 <= ord(c) <= 0x7E for c in key):
+    # printable ASCII: 0x20 to 0x7E (isprintable refuses the ASCII control characters)
+    if not (1 <= len(key) <= settings.max_key_length and key.isascii() and key.isprintable()):
         return problem(400, "idempotency_key_invalid",
                        f"the {settings.header} header must be 1 to {settings.max_key_length}"
                        " printable ASCII characters")
@@ -151,7 +151,9 @@ def prepare(settings: HttpSettings, options: RouteOptions, *, method: str, route
             parsed = None
             text = None  # not JSON after all: the handler answers it; fingerprint the bytes
         else:
-            if proto.has_nul(parsed):
+            # U+0000 can only be written as the escape \u0000 in valid JSON: without that text,
+            # no walk over the parsed value
+            if "\\u0000" in text and proto.has_nul(parsed):
                 return problem(400, "invalid_json",
                                "JSON strings in the request body must not contain \\u0000")
     if text is not None:
