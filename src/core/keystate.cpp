@@ -578,12 +578,13 @@ claim_direct(KeyTable *kt, const ClaimInput *in, Waiter *waiter, ClaimOutput *ou
 		TimestampTz now = clock_now();
 		Step step = decide(c, &row, in, own, now);
 		if (step == Step::in_progress)
-			keytable_before_wait(kt);
-		if (step == Step::in_progress &&
-		    waiter_sleep(waiter, DatumGetTimestampTz(row.value[COL_LOCKED_UNTIL])))
 		{
-			keytable_release_found(kt);
-			continue; // woken, or the lease ended: look again
+			keytable_before_wait(kt);
+			if (waiter_sleep(waiter, DatumGetTimestampTz(row.value[COL_LOCKED_UNTIL])))
+			{
+				keytable_release_found(kt);
+				continue; // woken, or the lease ended: look again
+			}
 		}
 		if (step != Step::takeover && step != Step::expired)
 		{

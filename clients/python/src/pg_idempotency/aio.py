@@ -16,7 +16,7 @@ from . import _protocol as proto
 from . import _wire
 from . import errors
 from .client import (_COMMIT, _PIPELINE, ExceptionPolicy, _check_no_transaction, _not_claimed,
-                     _transaction_held, logger)
+                     _result_statement, _transaction_held, logger)
 from .lease import Lease
 from .results import ClaimResult, Executed, KeyRow, Outcome, Reply, RunResult
 
@@ -194,12 +194,8 @@ class AsyncIdempotency:
             if reply.failed and reply.retryable:
                 await _roll_back(conn)  # with the key: a retry runs afresh
                 return Executed(reply, None)
-            if conn.info.transaction_status == TransactionStatus.IDLE:
-                raise errors.UsageError(
-                    "the handler ended the transaction that holds the key (commit or rollback);"
-                    " the runner commits it, with the handler's result")
-            finish = _wire.bind(conn, proto.finish(ext, key, reply, scope=scope,
-                                                   attempt=claimed.attempt, read_row=read_row))
+            finish = _result_statement(conn, ext, key, reply, scope=scope,
+                                       attempt=claimed.attempt, read_row=read_row)
             if _PIPELINE:
                 answer = (await _wire.run_async(conn, [finish, _COMMIT]))[0]
             else:

@@ -61,6 +61,19 @@ def _transaction_held(conn: "psycopg.BaseConnection[Any]") -> Iterator[None]:
         conn._num_transactions -= 1
 
 
+def _result_statement(conn: "psycopg.BaseConnection[Any]", ext: proto.Extension, key: str,
+                      reply: Reply, *, scope: str, attempt: int,
+                      read_row: bool) -> _wire.Statement:
+    """The statement storing the handler's result in the transaction that holds the key, which
+    the handler must have left open."""
+    if conn.info.transaction_status == TransactionStatus.IDLE:
+        raise errors.UsageError(
+            "the handler ended the transaction that holds the key (commit or rollback);"
+            " the runner commits it, with the handler's result")
+    return _wire.bind(conn, proto.finish(ext, key, reply, scope=scope, attempt=attempt,
+                                         read_row=read_row))
+
+
 def _check_no_transaction(conn: Union[Connection, "psycopg.AsyncConnection[Any]"]) -> None:
     if conn.info.transaction_status != TransactionStatus.IDLE:
         raise errors.OpenTransactionError(
@@ -243,12 +256,8 @@ class Idempotency:
             if reply.failed and reply.retryable:
                 _roll_back(conn)  # with the key: a retry runs afresh
                 return Executed(reply, None)
-            if conn.info.transaction_status == TransactionStatus.IDLE:
-                raise errors.UsageError(
-                    "the handler ended the transaction that holds the key (commit or rollback);"
-                    " the runner commits it, with the handler's result")
-            finish = _wire.bind(conn, proto.finish(ext, key, reply, scope=scope,
-                                                   attempt=claimed.attempt, read_row=read_row))
+            finish = _result_statement(conn, ext, key, reply, scope=scope,
+                                       attempt=claimed.attempt, read_row=read_row)
             if _PIPELINE:
                 answer = _wire.run(conn, [finish, _COMMIT])[0]
             else:
