@@ -1,0 +1,173 @@
+-- idempotency 1.4 -> 1.5: row-level security on idem_keys that survives dumps and restores.
+\echo Use "ALTER EXTENSION idempotency UPDATE TO '1.5'" to load this file. \quit
+
+-- row-level security that survives dumps and restores (1.5)
+
+-- pg_dump leaves out an extension table's ENABLE ROW LEVEL SECURITY and its policies, but dumps
+-- the rows of the extension's configuration tables. These two tables record what idem_keys has
+-- (event triggers keep them in step with ALTER TABLE and CREATE/ALTER/DROP POLICY on idem_keys),
+-- and their triggers put it back when a restore loads their rows. Owner only: writing them
+-- changes idem_keys' policies.
+CREATE TABLE @extschema@.idem_row_security (
+    single  boolean PRIMARY KEY DEFAULT true CHECK (single),
+    enabled boolean NOT NULL,
+    forced  boolean NOT NULL
+);
+CREATE TABLE @extschema@.idem_policies (
+    name       text COLLATE pg_catalog."C" PRIMARY KEY,
+    permissive boolean NOT NULL,
+    command    text NOT NULL CHECK (command IN ('ALL', 'SELECT', 'INSERT', 'UPDATE', 'DELETE')),
+    roles      text[] NOT NULL,      -- role names; {public} for every role
+    using_expr text,                 -- as pg_get_expr prints it, names schema-qualified
+    check_expr text
+);
+REVOKE ALL ON @extschema@.idem_row_security, @extschema@.idem_policies FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.idem_row_security', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.idem_policies', '');
+
+-- What idem_keys has now, written into the two tables (the event triggers, and 1.4 -> 1.5).
+-- Expressions are printed with search_path = pg_catalog, pg_temp so that every other name comes
+-- out schema-qualified and means the same when a restore re-creates the policy.
+CREATE FUNCTION @extschema@.idem_row_security_record()
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    keys oid := '@extschema@.idem_keys'::pg_catalog.regclass;
+BEGIN
+    -- the rows below are written to match idem_keys: their triggers must not apply them back
+    PERFORM pg_catalog.set_config('idempotency_row_security.applying', 'on', true);
+    DELETE FROM @extschema@.idem_row_security;
+    DELETE FROM @extschema@.idem_policies;
+    INSERT INTO @extschema@.idem_row_security (enabled, forced)
+        SELECT c.relrowsecurity, c.relforcerowsecurity FROM pg_catalog.pg_class c WHERE c.oid = keys;
+    INSERT INTO @extschema@.idem_policies
+        SELECT p.polname, p.polpermissive,
+               CASE p.polcmd WHEN 'r' THEN 'SELECT' WHEN 'a' THEN 'INSERT' WHEN 'w' THEN 'UPDATE'
+                             WHEN 'd' THEN 'DELETE' ELSE 'ALL' END,
+               ARRAY(SELECT CASE r WHEN 0 THEN 'public' ELSE pg_catalog.pg_get_userbyid(r)::text END
+                       FROM pg_catalog.unnest(p.polroles) AS r ORDER BY 1),
+               pg_catalog.pg_get_expr(p.polqual, p.polrelid),
+               pg_catalog.pg_get_expr(p.polwithcheck, p.polrelid)
+          FROM pg_catalog.pg_policy p WHERE p.polrelid = keys;
+    PERFORM pg_catalog.set_config('idempotency_row_security.applying', 'off', true);
+END
+$$;
+REVOKE EXECUTE ON FUNCTION @extschema@.idem_row_security_record() FROM PUBLIC;
+
+-- Makes idem_keys' row-level security and policies what the two tables record: the flag, every
+-- recorded policy (re-created), and no policy the tables do not record. Needs the ownership of
+-- idem_keys, like ALTER TABLE. Runs by itself when a restore loads the tables; run it by hand
+-- after a data-only restore with --disable-triggers. Returns the number of policies.
+CREATE FUNCTION @extschema@.idem_row_security_apply()
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    keys text := pg_catalog.format('%I.idem_keys', '@extschema@');
+    state record;
+    pol record;
+    n integer := 0;
+BEGIN
+    PERFORM pg_catalog.set_config('idempotency_row_security.applying', 'on', true);
+    FOR pol IN SELECT p.polname FROM pg_catalog.pg_policy p
+                WHERE p.polrelid = '@extschema@.idem_keys'::pg_catalog.regclass LOOP
+        EXECUTE pg_catalog.format('DROP POLICY %I ON %s', pol.polname, keys);
+    END LOOP;
+    FOR pol IN SELECT * FROM @extschema@.idem_policies ORDER BY name LOOP
+        EXECUTE pg_catalog.format('CREATE POLICY %I ON %s AS %s FOR %s TO %s%s%s',
+            pol.name, keys, CASE WHEN pol.permissive THEN 'PERMISSIVE' ELSE 'RESTRICTIVE' END,
+            pol.command,
+            (SELECT pg_catalog.string_agg(CASE r WHEN 'public' THEN 'PUBLIC'
+                                                 ELSE pg_catalog.quote_ident(r) END, ', ')
+               FROM pg_catalog.unnest(pol.roles) AS r),
+            CASE WHEN pol.using_expr IS NULL THEN '' ELSE ' USING (' || pol.using_expr || ')' END,
+            CASE WHEN pol.check_expr IS NULL THEN '' ELSE ' WITH CHECK (' || pol.check_expr || ')' END);
+        n := n + 1;
+    END LOOP;
+    SELECT * INTO state FROM @extschema@.idem_row_security;
+    EXECUTE pg_catalog.format('ALTER TABLE %s %s ROW LEVEL SECURITY', keys,
+        CASE WHEN coalesce(state.enabled, false) THEN 'ENABLE' ELSE 'DISABLE' END);
+    EXECUTE pg_catalog.format('ALTER TABLE %s %s ROW LEVEL SECURITY', keys,
+        CASE WHEN coalesce(state.forced, false) THEN 'FORCE' ELSE 'NO FORCE' END);
+    PERFORM pg_catalog.set_config('idempotency_row_security.applying', 'off', true);
+    RETURN n;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION @extschema@.idem_row_security_apply() FROM PUBLIC;
+
+-- A restore loading the tables' rows (COPY fires statement triggers) applies them. A failure
+-- there (a policy naming a role the new cluster lacks, say) is a warning, so that the restore
+-- goes on; the functions then refuse the roles the policies would confine (IK006) until
+-- idem_row_security_apply() succeeds.
+CREATE FUNCTION @extschema@.idem_row_security_restore()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF pg_catalog.current_setting('idempotency_row_security.applying', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
+    BEGIN
+        PERFORM @extschema@.idem_row_security_apply();
+    EXCEPTION WHEN OTHERS THEN
+        RAISE WARNING 'row-level security of idem_keys was not restored: %', SQLERRM
+            USING ERRCODE = SQLSTATE,
+                  HINT = 'Fix the cause, then run SELECT idem_row_security_apply() as the owner of idem_keys.';
+    END;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER idem_row_security_restore
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON @extschema@.idem_row_security
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.idem_row_security_restore();
+CREATE TRIGGER idem_policies_restore
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON @extschema@.idem_policies
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.idem_row_security_restore();
+
+-- DDL on idem_keys' row-level security or policies is recorded as it happens, so that the
+-- documented CREATE POLICY recipes survive a dump with no step of their own.
+CREATE FUNCTION @extschema@.idem_row_security_ddl()
+RETURNS event_trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    keys oid := '@extschema@.idem_keys'::pg_catalog.regclass;
+BEGIN
+    IF pg_catalog.current_setting('idempotency_row_security.applying', true) = 'on' THEN
+        RETURN;
+    END IF;
+    IF TG_EVENT = 'sql_drop' THEN
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_dropped_objects() d
+                        WHERE d.object_type = 'policy'
+                          AND d.address_names[1] = '@extschema@'
+                          AND d.address_names[2] = 'idem_keys') THEN
+            RETURN;
+        END IF;
+    ELSIF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() c
+                       WHERE (c.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND c.objid = keys)
+                          OR (c.classid = 'pg_catalog.pg_policy'::pg_catalog.regclass
+                              AND EXISTS (SELECT 1 FROM pg_catalog.pg_policy p
+                                           WHERE p.oid = c.objid AND p.polrelid = keys))) THEN
+        RETURN;
+    END IF;
+    PERFORM @extschema@.idem_row_security_record();
+END
+$$;
+REVOKE EXECUTE ON FUNCTION @extschema@.idem_row_security_ddl() FROM PUBLIC;
+CREATE EVENT TRIGGER idem_row_security_ddl ON ddl_command_end
+    WHEN TAG IN ('ALTER TABLE', 'CREATE POLICY', 'ALTER POLICY')
+    EXECUTE FUNCTION @extschema@.idem_row_security_ddl();
+CREATE EVENT TRIGGER idem_row_security_drop ON sql_drop
+    WHEN TAG IN ('DROP POLICY')
+    EXECUTE FUNCTION @extschema@.idem_row_security_ddl();
+
+-- What idem_keys has now becomes the record: policies made by hand under 1.4 are kept by dumps
+-- from here on.
+SELECT @extschema@.idem_row_security_record();
