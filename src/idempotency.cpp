@@ -1,6 +1,6 @@
 // Module entry: the library's magic block and its load-time setup.
 #include "access/catalog.hpp"
-#include "access/keytable.hpp"
+#include "access/writememo.hpp"
 #include "common/pg.hpp"
 #include "common/settings.hpp"
 #include "core/wait.hpp"
@@ -21,7 +21,7 @@ _PG_init(void)
 		return;
 	idem::define_settings();
 	idem::catalog_register_invalidation();
-	idem::keytable_register_callbacks();
+	idem::writememo_register_callbacks();
 	idem::wait_register_callbacks();
 	// Shared memory (idem_stats, idem_scope_stats, waking waiting claims) and the background reaper exist only when preloaded.
 	if (process_shared_preload_libraries_in_progress)
