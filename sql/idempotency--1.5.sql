@@ -354,9 +354,9 @@ REVOKE EXECUTE ON FUNCTION @extschema@.idem_scope_stats_reset() FROM PUBLIC;
 
 -- pg_dump leaves out an extension table's ENABLE ROW LEVEL SECURITY and its policies, but dumps
 -- the rows of the extension's configuration tables. These two tables record what idem_keys has
--- (event triggers keep them in step with ALTER TABLE and CREATE/ALTER/DROP POLICY on idem_keys),
--- and their triggers put it back when a restore loads their rows. Owner only: writing them
--- changes idem_keys' policies.
+-- (event triggers keep them in step with the DDL that changes it), and their triggers put it back
+-- when a restore loads their rows. No row in idem_row_security: row-level security was never
+-- enabled. Owner only: writing them changes idem_keys' policies.
 CREATE TABLE @extschema@.idem_row_security (
     single  boolean PRIMARY KEY DEFAULT true CHECK (single),
     enabled boolean NOT NULL,
@@ -374,10 +374,10 @@ REVOKE ALL ON @extschema@.idem_row_security, @extschema@.idem_policies FROM PUBL
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.idem_row_security', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.idem_policies', '');
 
--- What idem_keys has now, written into the two tables (the event triggers, and 1.4 -> 1.5).
--- Expressions are printed with search_path = pg_catalog, pg_temp so that every other name comes
--- out schema-qualified and means the same when a restore re-creates the policy.
-CREATE FUNCTION @extschema@.idem_row_security_record()
+-- Writes what idem_keys has now into the tables: its row-level security flags, its policies, or
+-- both. Expressions are printed with search_path = pg_catalog, pg_temp, so that every other name
+-- comes out schema-qualified and means the same when a restore re-creates the policy.
+CREATE FUNCTION @extschema@.idem_row_security_record(flags boolean, policies boolean)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -388,25 +388,30 @@ DECLARE
 BEGIN
     -- the rows below are written to match idem_keys: their triggers must not apply them back
     PERFORM pg_catalog.set_config('idempotency_row_security.applying', 'on', true);
-    DELETE FROM @extschema@.idem_row_security;
-    DELETE FROM @extschema@.idem_policies;
-    INSERT INTO @extschema@.idem_row_security (enabled, forced)
-        SELECT c.relrowsecurity, c.relforcerowsecurity FROM pg_catalog.pg_class c WHERE c.oid = keys;
-    INSERT INTO @extschema@.idem_policies
-        SELECT p.polname, p.polpermissive,
-               CASE p.polcmd WHEN 'r' THEN 'SELECT' WHEN 'a' THEN 'INSERT' WHEN 'w' THEN 'UPDATE'
-                             WHEN 'd' THEN 'DELETE' ELSE 'ALL' END,
-               ARRAY(SELECT CASE r WHEN 0 THEN 'public' ELSE pg_catalog.pg_get_userbyid(r)::text END
-                       FROM pg_catalog.unnest(p.polroles) AS r ORDER BY 1),
-               pg_catalog.pg_get_expr(p.polqual, p.polrelid),
-               pg_catalog.pg_get_expr(p.polwithcheck, p.polrelid)
-          FROM pg_catalog.pg_policy p WHERE p.polrelid = keys;
+    IF flags THEN
+        DELETE FROM @extschema@.idem_row_security;
+        INSERT INTO @extschema@.idem_row_security (enabled, forced)
+            SELECT c.relrowsecurity, c.relforcerowsecurity FROM pg_catalog.pg_class c
+             WHERE c.oid = keys AND (c.relrowsecurity OR c.relforcerowsecurity);
+    END IF;
+    IF policies THEN
+        DELETE FROM @extschema@.idem_policies;
+        INSERT INTO @extschema@.idem_policies
+            SELECT p.polname, p.polpermissive,
+                   CASE p.polcmd WHEN 'r' THEN 'SELECT' WHEN 'a' THEN 'INSERT' WHEN 'w' THEN 'UPDATE'
+                                 WHEN 'd' THEN 'DELETE' ELSE 'ALL' END,
+                   ARRAY(SELECT CASE r WHEN 0 THEN 'public' ELSE pg_catalog.pg_get_userbyid(r)::text END
+                           FROM pg_catalog.unnest(p.polroles) AS r ORDER BY 1),
+                   pg_catalog.pg_get_expr(p.polqual, p.polrelid),
+                   pg_catalog.pg_get_expr(p.polwithcheck, p.polrelid)
+              FROM pg_catalog.pg_policy p WHERE p.polrelid = keys;
+    END IF;
     PERFORM pg_catalog.set_config('idempotency_row_security.applying', 'off', true);
 END
 $$;
-REVOKE EXECUTE ON FUNCTION @extschema@.idem_row_security_record() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION @extschema@.idem_row_security_record(boolean, boolean) FROM PUBLIC;
 
--- Makes idem_keys' row-level security and policies what the two tables record: the flag, every
+-- Makes idem_keys' row-level security and policies what the two tables record: the flags, every
 -- recorded policy (re-created), and no policy the tables do not record. Needs the ownership of
 -- idem_keys, like ALTER TABLE. Runs by itself when a restore loads the tables; run it by hand
 -- after a data-only restore with --disable-triggers. Returns the number of policies.
@@ -471,6 +476,7 @@ BEGIN
     RETURN NULL;
 END
 $$;
+REVOKE EXECUTE ON FUNCTION @extschema@.idem_row_security_restore() FROM PUBLIC;
 CREATE TRIGGER idem_row_security_restore
     AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON @extschema@.idem_row_security
     FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.idem_row_security_restore();
@@ -478,8 +484,24 @@ CREATE TRIGGER idem_policies_restore
     AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON @extschema@.idem_policies
     FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.idem_row_security_restore();
 
--- DDL on idem_keys' row-level security or policies is recorded as it happens, so that the
--- documented CREATE POLICY recipes survive a dump with no step of their own.
+-- DDL that changes idem_keys' row-level security or policies is recorded as it happens, so that
+-- the documented ALTER TABLE and CREATE POLICY recipes survive a dump with no step of their own.
+-- Only a change is recorded: an ALTER TABLE of idem_keys that leaves its flags as they were (a
+-- restore's DISABLE TRIGGER, say) must not overwrite a record the restore has not applied yet.
+CREATE FUNCTION @extschema@.idem_row_security_ddl_start()
+RETURNS event_trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pg_catalog.set_config('idempotency_row_security.before',
+        (SELECT c.relrowsecurity::text || c.relforcerowsecurity::text FROM pg_catalog.pg_class c
+          WHERE c.oid = '@extschema@.idem_keys'::pg_catalog.regclass), true);
+END
+$$;
+REVOKE EXECUTE ON FUNCTION @extschema@.idem_row_security_ddl_start() FROM PUBLIC;
+
 CREATE FUNCTION @extschema@.idem_row_security_ddl()
 RETURNS event_trigger
 LANGUAGE plpgsql
@@ -493,23 +515,29 @@ BEGIN
         RETURN;
     END IF;
     IF TG_EVENT = 'sql_drop' THEN
-        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_dropped_objects() d
-                        WHERE d.object_type = 'policy'
-                          AND d.address_names[1] = '@extschema@'
-                          AND d.address_names[2] = 'idem_keys') THEN
-            RETURN;
+        IF EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_dropped_objects() d
+                    WHERE d.object_type = 'policy'
+                      AND d.address_names[1] = '@extschema@' AND d.address_names[2] = 'idem_keys') THEN
+            PERFORM @extschema@.idem_row_security_record(false, true);
         END IF;
-    ELSIF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() c
-                       WHERE (c.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND c.objid = keys)
-                          OR (c.classid = 'pg_catalog.pg_policy'::pg_catalog.regclass
-                              AND EXISTS (SELECT 1 FROM pg_catalog.pg_policy p
-                                           WHERE p.oid = c.objid AND p.polrelid = keys))) THEN
-        RETURN;
+    ELSIF TG_TAG = 'ALTER TABLE' THEN
+        IF (SELECT c.relrowsecurity::text || c.relforcerowsecurity::text FROM pg_catalog.pg_class c
+             WHERE c.oid = keys)
+           IS DISTINCT FROM pg_catalog.current_setting('idempotency_row_security.before', true) THEN
+            PERFORM @extschema@.idem_row_security_record(true, false);
+        END IF;
+    ELSIF EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() c
+                   JOIN pg_catalog.pg_policy p ON p.oid = c.objid
+                  WHERE c.classid = 'pg_catalog.pg_policy'::pg_catalog.regclass
+                    AND p.polrelid = keys) THEN
+        PERFORM @extschema@.idem_row_security_record(false, true);
     END IF;
-    PERFORM @extschema@.idem_row_security_record();
 END
 $$;
 REVOKE EXECUTE ON FUNCTION @extschema@.idem_row_security_ddl() FROM PUBLIC;
+CREATE EVENT TRIGGER idem_row_security_ddl_start ON ddl_command_start
+    WHEN TAG IN ('ALTER TABLE')
+    EXECUTE FUNCTION @extschema@.idem_row_security_ddl_start();
 CREATE EVENT TRIGGER idem_row_security_ddl ON ddl_command_end
     WHEN TAG IN ('ALTER TABLE', 'CREATE POLICY', 'ALTER POLICY')
     EXECUTE FUNCTION @extschema@.idem_row_security_ddl();

@@ -135,7 +135,7 @@ SELECT is(
       JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idempotency'
      WHERE has_function_privilege('regress_idem_x', p.oid, 'EXECUTE')),
     'idem_claim,idem_claim_batch,idem_complete,idem_complete_batch,idem_extend,idem_fail,idem_forget,idem_lookup,idem_reap,idem_reap_all,idem_release,idem_schedule_reaper,idem_scope_stats_get,idem_stats_dealloc,idem_stats_get,idem_unschedule_reaper',
-    'PUBLIC may execute every routine but idem_stats_reset and idem_scope_stats_reset');
+    'PUBLIC may execute every routine but idem_stats_reset, idem_scope_stats_reset and the row-level security ones (1.5)');
 SELECT is(
     (SELECT count(*) FROM pg_class c, aclexplode(c.relacl) a
       WHERE c.oid IN ('idem_keys'::regclass, 'idem_stats'::regclass) AND a.grantee = 0),
