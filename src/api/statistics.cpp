@@ -1,5 +1,5 @@
-// The SQL-callable functions of the statistics views: idem_stats (SPEC §2) and idem_scope_stats
-// (SPEC §10), read from stats/dbstats and stats/scopestats.
+// The SQL-callable functions of the statistics views: idem_stats (docs/contract.md §2) and
+// idem_scope_stats (docs/contract.md §10), read from stats/dbstats and stats/scopestats.
 #include "access/catalog.hpp"
 #include "common/guard.hpp"
 #include "stats/dbstats.hpp"

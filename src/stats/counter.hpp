@@ -1,5 +1,5 @@
-// What the statistics count (SPEC §2 idem_stats, SPEC §10 idem_scope_stats): one vocabulary for
-// the per-database counters (stats/dbstats), the per-scope ones (stats/scopestats) and the code
+// What the statistics count (docs/contract.md §2 idem_stats, §10 idem_scope_stats): one vocabulary
+// for the per-database counters (stats/dbstats), the per-scope ones (stats/scopestats) and the code
 // that counts (stats/stats).
 #pragma once
 

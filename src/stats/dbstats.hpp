@@ -1,4 +1,4 @@
-// Per-database counters in shared memory (SPEC §2 idem_stats). Only with
+// Per-database counters in shared memory (docs/contract.md §2 idem_stats). Only with
 // shared_preload_libraries: otherwise nothing is counted and idem_stats shows NULL counters.
 //
 // Counting never serializes callers nor shares a cache line between them: each backend counts in

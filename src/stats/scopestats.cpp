@@ -35,7 +35,7 @@ namespace idem {
 // then times 0.99 (pg_stat_statements' decay): activity long ago fades, so a scope busy once does
 // not hold its entry for ever, yet a run of one-claim scopes does not push out a busy one.
 // Computed from the counters during the eviction, so counting writes no usage field.
-static constexpr int max_scope_bytes = 255; // SPEC §4
+static constexpr int max_scope_bytes = 255; // docs/contract.md §4
 static constexpr int stripes = 4;
 static constexpr int buckets_per_octave = 4;
 static constexpr int num_buckets = 32 * buckets_per_octave; // 1 µs to 2^32 µs (71 minutes)

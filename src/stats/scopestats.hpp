@@ -1,4 +1,4 @@
-// Per-scope statistics (SPEC §10, the idem_scope_stats view): shared-memory entries per
+// Per-scope statistics (docs/contract.md §10, the idem_scope_stats view): shared-memory entries per
 // (database, scope), bounded by idempotency.track_scopes, least used evicted first. Only with
 // shared_preload_libraries and idempotency.track = on; otherwise nothing is counted and the view
 // has no rows. stats/stats.cpp forwards the per-scope counters here; core/rules.cpp reads the work

@@ -1,6 +1,7 @@
 // What the key-state code counts, as it happens: each count goes to the database's counters
-// (SPEC §2 idem_stats, stats/dbstats) and to the scope's (SPEC §10 idem_scope_stats,
-// stats/scopestats). Only with shared_preload_libraries: otherwise every call here is a no-op.
+// (docs/contract.md §2 idem_stats, stats/dbstats) and to the scope's (docs/contract.md §10
+// idem_scope_stats, stats/scopestats). Only with shared_preload_libraries: otherwise every call
+// here is a no-op.
 #pragma once
 
 #include "common/pg.hpp"
