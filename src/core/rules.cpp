@@ -137,7 +137,6 @@ new_row(const Catalog *c, const ClaimInput *in, TimestampTz now, KeyRow *row)
 		applied_row(c, now, row);
 }
 
-// A new lease on an abandoned or retryable key: the fencing token moves on, the old outcome goes.
 void
 takeover_row(const Catalog *c, const ClaimInput *in, TimestampTz now, KeyRow *row)
 {
@@ -162,7 +161,6 @@ takeover_row(const Catalog *c, const ClaimInput *in, TimestampTz now, KeyRow *ro
 		applied_row(c, now, row);
 }
 
-// docs/contract.md §2 steps 3 to 7 for an existing row; raises IK001 on a fingerprint mismatch.
 Step
 decide(const Catalog *c, const KeyRow *row, const ClaimInput *in, bool own, TimestampTz now)
 {
@@ -268,7 +266,6 @@ retry_after_seconds(const KeyRow *row, TimestampTz now)
 	return (int32) Max(INT64CONST(1), Min(Min(seconds, left_s), (int64) PG_INT32_MAX));
 }
 
-// The outcome of a step that writes nothing.
 void
 answer_read(const Catalog *c, Step step, const KeyRow *row, TimestampTz now, ClaimOutput *out)
 {
@@ -359,7 +356,6 @@ set_value(KeyRow *row, Column c, bool isnull, Datum value)
 	row->isnull[c] = isnull;
 }
 
-// complete/fail on the key's current row.
 void
 finish_row(const Catalog *c, const FinishInput *in, KeyRow *row)
 {
@@ -386,7 +382,6 @@ finish_row(const Catalog *c, const FinishInput *in, KeyRow *row)
 		set_timestamp(row, COL_EXPIRES_AT, duration_end(now, in->ttl, "ttl"));
 }
 
-// extend/release on the key's current row.
 void
 lease_row(const Catalog *c, const LeaseInput *in, KeyRow *row)
 {
@@ -395,7 +390,6 @@ lease_row(const Catalog *c, const LeaseInput *in, KeyRow *row)
 	set_timestamp(row, COL_LOCKED_UNTIL, in->lease != nullptr ? duration_end(now, in->lease, "lease") : now);
 }
 
-// idem_forget refuses a key someone is working on right now, unless forced.
 void
 check_forgettable(const Catalog *c, Datum key, bool force, const KeyRow *row)
 {
