@@ -137,7 +137,6 @@ new_row(const Catalog *c, const ClaimInput *in, TimestampTz now, KeyRow *row)
 		applied_row(c, now, row);
 }
 
-// A new lease on an abandoned or retryable key: the fencing token moves on, the old outcome goes.
 void
 takeover_row(const Catalog *c, const ClaimInput *in, TimestampTz now, KeyRow *row)
 {
@@ -162,7 +161,6 @@ takeover_row(const Catalog *c, const ClaimInput *in, TimestampTz now, KeyRow *ro
 		applied_row(c, now, row);
 }
 
-// SPEC §2 steps 3 to 7 for an existing row; raises IK001 on a fingerprint mismatch.
 Step
 decide(const Catalog *c, const KeyRow *row, const ClaimInput *in, bool own, TimestampTz now)
 {
@@ -242,12 +240,12 @@ answer(const Catalog *c, Outcome outcome, bool inserted, const KeyRow *row, Clai
 	}
 }
 
-// SPEC §9.5: whole seconds after which a retry of an in_progress key is useful, at least 1 and at
-// most the lease left, rounded up. The one place for that estimate. Once the scope's statistics
-// know how long its attempts take (scope_stats_work_times), the attempt is expected to end at its
-// claimed_at + the scope's p90; past that, at claimed_at + p99; past both, nothing better than
-// the lease's end is known. Until then (or with idempotency.track off, or without preload): the
-// lease left.
+// docs/contract.md §9.5: whole seconds after which a retry of an in_progress key is useful, at
+// least 1 and at most the lease left, rounded up. The one place for that estimate. Once the scope's
+// statistics know how long its attempts take (scope_stats_work_times), the attempt is expected to
+// end at its claimed_at + the scope's p90; past that, at claimed_at + p99; past both, nothing
+// better than the lease's end is known. Until then (or with idempotency.track off, or without
+// preload): the lease left.
 static int32
 retry_after_seconds(const KeyRow *row, TimestampTz now)
 {
@@ -268,7 +266,6 @@ retry_after_seconds(const KeyRow *row, TimestampTz now)
 	return (int32) Max(INT64CONST(1), Min(Min(seconds, left_s), (int64) PG_INT32_MAX));
 }
 
-// The outcome of a step that writes nothing.
 void
 answer_read(const Catalog *c, Step step, const KeyRow *row, TimestampTz now, ClaimOutput *out)
 {
@@ -293,7 +290,7 @@ answer_read(const Catalog *c, Step step, const KeyRow *row, TimestampTz now, Cla
 
 // `wait` ran out while another transaction still held the key uncommitted: nothing committed to
 // show. A retry is useful as soon as that transaction ends, which no lease bounds: the least
-// retry_after_s (SPEC §9.5).
+// retry_after_s (docs/contract.md §9.5).
 void
 answer_unseen(Datum scope, ClaimOutput *out)
 {
@@ -359,7 +356,6 @@ set_value(KeyRow *row, Column c, bool isnull, Datum value)
 	row->isnull[c] = isnull;
 }
 
-// complete/fail on the key's current row.
 void
 finish_row(const Catalog *c, const FinishInput *in, KeyRow *row)
 {
@@ -381,12 +377,11 @@ finish_row(const Catalog *c, const FinishInput *in, KeyRow *row)
 		set_null(row, COL_RETRYABLE);
 	set_timestamp(row, COL_COMPLETED_AT, now);
 	set_null(row, COL_LOCKED_UNTIL);
-	// SPEC §9.2: the result's own lifetime, counted from its completion.
+	// docs/contract.md §9.2: the result's own lifetime, counted from its completion.
 	if (in->ttl != nullptr)
 		set_timestamp(row, COL_EXPIRES_AT, duration_end(now, in->ttl, "ttl"));
 }
 
-// extend/release on the key's current row.
 void
 lease_row(const Catalog *c, const LeaseInput *in, KeyRow *row)
 {
@@ -395,7 +390,6 @@ lease_row(const Catalog *c, const LeaseInput *in, KeyRow *row)
 	set_timestamp(row, COL_LOCKED_UNTIL, in->lease != nullptr ? duration_end(now, in->lease, "lease") : now);
 }
 
-// idem_forget refuses a key someone is working on right now, unless forced.
 void
 check_forgettable(const Catalog *c, Datum key, bool force, const KeyRow *row)
 {

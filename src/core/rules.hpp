@@ -1,6 +1,6 @@
-// The key's rules (SPEC §2 and §9): what a claim decides on an existing row, the rows that a
-// claim, a finish or a lease change writes, when a key counts as expired, and the answers. They
-// read and change KeyRows and never touch the table: both paths to idem_keys
+// The key's rules (docs/contract.md §2 and §9): what a claim decides on an existing row, the rows
+// that a claim, a finish or a lease change writes, when a key counts as expired, and the answers.
+// They read and change KeyRows and never touch the table: both paths to idem_keys
 // (core/tablepath.cpp, core/sqlpath.cpp) and the batches (core/batch.cpp) apply these same rules.
 #pragma once
 
@@ -54,8 +54,8 @@ live_lease(const Catalog *c, const KeyRow *row, TimestampTz now)
 	       DatumGetTimestampTz(row->value[COL_LOCKED_UNTIL]) > now;
 }
 
-// SPEC §9.1: past expires_at and nobody working on it. Every function treats such a key as
-// absent, whether or not the reaper has deleted it yet.
+// docs/contract.md §9.1: past expires_at and nobody working on it. Every function treats such a key
+// as absent, whether or not the reaper has deleted it yet.
 inline bool
 expired(const Catalog *c, const KeyRow *row, TimestampTz now)
 {
@@ -87,7 +87,7 @@ enum class Step
 	takeover,    // abandoned lease or retryable failure
 };
 
-// SPEC §2 steps 3 to 7 for an existing row; raises IK001 on a fingerprint mismatch.
+// docs/contract.md §2 steps 3 to 7 for an existing row; raises IK001 on a fingerprint mismatch.
 Step decide(const Catalog *c, const KeyRow *row, const ClaimInput *in, bool own, TimestampTz now);
 
 // The claim's answer from the key's row, counted in the statistics.

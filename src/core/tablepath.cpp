@@ -141,7 +141,8 @@ table_batch_guess_begin(BatchGuess *guess)
 }
 
 void
-table_batch_claim(KeyTable *kt, BatchGuess *guess, const ClaimInput *in, Waiter *waiter, ClaimOutput *out)
+table_batch_claim(KeyTable *kt, BatchGuess *guess, const ClaimInput *in, Waiter *waiter,
+                  ClaimOutput *out)
 {
 	guess->note(claim_direct(kt, in, waiter, out, guess->insert_first));
 }

@@ -37,7 +37,8 @@ struct BatchGuess
 // A batch's first guess follows the backend's last claim; after the batch, its last guess is
 // the backend's.
 void table_batch_guess_begin(BatchGuess *guess);
-void table_batch_claim(KeyTable *kt, BatchGuess *guess, const ClaimInput *in, Waiter *waiter, ClaimOutput *out);
+void table_batch_claim(KeyTable *kt, BatchGuess *guess, const ClaimInput *in, Waiter *waiter,
+                       ClaimOutput *out);
 void table_batch_guess_end(const BatchGuess *guess);
 
 // Changes the key's current row with change(arg, row), as UPDATE ... WHERE key = ... would;
