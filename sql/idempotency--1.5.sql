@@ -126,6 +126,13 @@ RETURNS boolean
 AS 'MODULE_PATHNAME', 'idem_forget'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
+-- 1.5: true, or IK006 for a role that the recorded row-level security (idem_row_security,
+-- idem_policies) would confine while idem_keys lacks it; idem_stalled checks it.
+CREATE FUNCTION @extschema@.idem_row_security_check()
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_row_security_check'
+LANGUAGE C STABLE PARALLEL RESTRICTED;
+
 -- Pending keys whose lease has ended and that have not expired: the owner crashed or gave up
 -- without a result. security_invoker: the caller's privileges and row-level security policies on
 -- idem_keys apply, as if the caller queried the table.
@@ -133,7 +140,8 @@ CREATE VIEW @extschema@.idem_stalled WITH (security_invoker = true) AS
     SELECT k.scope, k.key, k.attempt, k.locked_until, k.created_at,
            pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) k.locked_until AS stalled_for
       FROM @extschema@.idem_keys AS k
-     WHERE k.state OPERATOR(pg_catalog.=) 'pending'::@extschema@.idem_state
+     WHERE @extschema@.idem_row_security_check()
+       AND k.state OPERATOR(pg_catalog.=) 'pending'::@extschema@.idem_state
        AND k.locked_until OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()
        AND k.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()
      ORDER BY k.locked_until, k.scope, k.key;

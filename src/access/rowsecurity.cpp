@@ -1,5 +1,6 @@
 #include "access/rowsecurity.hpp"
 
+#include "access/catalog.hpp"
 #include "common/errors.hpp"
 
 extern "C" {
@@ -139,6 +140,34 @@ rowsecurity_require_in_force(Relation rel, Oid namespace_oid)
 	         is_policy ? errdetail("The recorded policy \"%s\" is missing.", missing)
 	                   : errdetail("It is recorded as enabled, but %s.", missing),
 	         errhint("The owner of idem_keys runs SELECT idem_row_security_apply().")));
+}
+
+template <typename Check>
+static auto
+with_keys(Check check) -> decltype(check(nullptr, InvalidOid))
+{
+	const Catalog *catalog = catalog_get();
+	Oid relid = catalog->relid;
+	Oid namespace_oid = catalog->namespace_oid;
+	Relation rel = table_open(relid, AccessShareLock);
+	auto result = check(rel, namespace_oid);
+	table_close(rel, AccessShareLock);
+	return result;
+}
+
+void
+rowsecurity_require_in_force_for_keys()
+{
+	with_keys([](Relation rel, Oid namespace_oid) {
+		rowsecurity_require_in_force(rel, namespace_oid);
+		return true;
+	});
+}
+
+bool
+rowsecurity_missing_for_keys()
+{
+	return with_keys(rowsecurity_missing_for_user);
 }
 
 } // namespace idem

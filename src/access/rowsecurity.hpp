@@ -16,6 +16,10 @@ void rowsecurity_require_in_force(Relation rel, Oid namespace_oid);
 // lacks it (the check above, without raising).
 bool rowsecurity_missing_for_user(Relation rel, Oid namespace_oid);
 
+// The same two for idem_keys, opened here (callers that do not have it open).
+void rowsecurity_require_in_force_for_keys();
+bool rowsecurity_missing_for_keys();
+
 void rowsecurity_register_invalidation();
 
 } // namespace idem

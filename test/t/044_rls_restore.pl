@@ -152,6 +152,12 @@ my (undef, undef, $e2) = $node->psql('dst_data', q{SELECT idem.idem_claim('k-new
 like($e2, qr/row-level security of idem_keys is not in force/, 'IK006 says what is wrong');
 is(sql($node, 'dst_data', q{SELECT outcome FROM idem.idem_claim('admin-key', scope => 'ops')}), 'claimed',
 	'not in force: a superuser is served (row-level security never applies to it)');
+is(sqlstate_as($node, 'dst_data', 'tenant_a', 'tenant_a', q{SELECT count(*) FROM idem.idem_stalled}), 'IK006',
+	'not in force: idem_stalled refuses a confined role');
+is((as_role($node, 'dst_data', 'tenant_a', 'tenant_a', q{SELECT count(*) FROM idem.idem_scope_stats}))[0], '0',
+	'not in force: idem_scope_stats shows a confined role no scope');
+is(sql($node, 'dst_data', q{SELECT string_agg(scope, ',' ORDER BY scope) FROM idem.idem_scope_stats}), 'ops,tenant_a',
+	'... while the superuser sees the scopes (tenant_a: its refused calls count as attempts)');
 is(sql($node, 'dst_data', 'SELECT idem.idem_row_security_apply()'), '2', 'idem_row_security_apply() puts both policies back');
 is(sqlstate_as($node, 'dst_data', 'tenant_a', 'tenant_a', q{SELECT idem.idem_claim('k-b', scope => 'tenant_b')}),
 	'42501', 'after apply: tenant a is isolated again');
