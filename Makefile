@@ -43,3 +43,13 @@ run:
 	bash scripts/run
 bench:
 	bash bench/run
+
+# The release archive (PGXN's format) of what git has committed at HEAD: idempotency-<version>.zip,
+# its files under idempotency-<version>/. The version is the control file's default_version as a
+# semantic version (1.5 -> 1.5.0), as META.json gives it (packaging/run-tests checks they agree).
+DIST_VERSION = $(shell sed -n "s/^default_version = '\([0-9]*\.[0-9]*\)'$$/\1.0/p" $(EXTENSION).control)
+DIST = $(EXTENSION)-$(DIST_VERSION)
+.PHONY: dist
+dist:
+	git archive --format=zip --prefix=$(DIST)/ -o $(DIST).zip HEAD
+	@echo "$(DIST).zip"
