@@ -1,4 +1,4 @@
--- idem_scope_stats (SPEC §10): one row per scope of this database, counted at each outcome;
+-- idem_scope_stats (docs/contract.md §10): one row per scope of this database, counted at each outcome;
 -- idem_scope_stats_reset; who sees which rows; idempotency.track; idem_stats.dealloc.
 -- The scopes here are this test's own, but the entries are per database: the test resets them
 -- first. Claim-to-finish times depend on the clock: only whether they are there is checked.

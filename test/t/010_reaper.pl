@@ -1,4 +1,4 @@
-# The background reaper (SPEC §8): expired keys disappear without any call, in every database
+# The background reaper (docs/contract.md §8): expired keys disappear without any call, in every database
 # that has the extension (also one created after the start), settings reload on SIGHUP, the
 # workers show in pg_stat_activity, come back after kill -9 / pg_terminate_backend, and leave
 # DROP DATABASE alone.

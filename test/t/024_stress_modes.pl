@@ -15,7 +15,7 @@
 #   the transaction rolls back; 10% abandon the key (the worker "crashed").  A completion whose
 #   attempt was taken over gets IK002; finish() catches exactly that, which rolls back its
 #   business row with it, and records the fencing.
-# Scopes 'txwait' and 'leasewait' run the same two scripts with `wait` (SPEC §9.3): a random 0..30 ms
+# Scopes 'txwait' and 'leasewait' run the same two scripts with `wait` (docs/contract.md §9.3): a random 0..30 ms
 # (a quarter of them 0, NOWAIT) in same-transaction mode, where an uncommitted duplicate ends as
 # in_progress with no row to show; a random 0..100 ms in lease mode, where a waiter ends as a
 # replay (woken by the owner's commit), a takeover (lease ended, or a retryable failure) or

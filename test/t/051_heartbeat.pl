@@ -1,4 +1,4 @@
-# Heartbeats (SPEC §9.4, idem_extend): a 30 s job kept alive under a 2 s lease, and a crashed
+# Heartbeats (docs/contract.md §9.4, idem_extend): a 30 s job kept alive under a 2 s lease, and a crashed
 # heartbeater's key taken over once its last lease ends.
 #
 # A. The owner claims with lease => '2 s' and, for 30 s, calls idem_extend(key, 1, '2 s') every
