@@ -1,5 +1,6 @@
-# idempotency: PGXS build. `make && make install`, then `make installcheck`
-# against a running server; `scripts/test` runs every suite in throwaway clusters.
+# idempotency: PGXS build. `make && make install`, then `make installcheck` against a running
+# server with shared_preload_libraries = 'idempotency' (the statistics tests need it);
+# `scripts/test` runs every suite in throwaway clusters.
 
 EXTENSION = idempotency
 MODULE_big = idempotency

@@ -1,6 +1,6 @@
 # kill -9 of a backend that holds a lease-mode claim.
 #
-# Session A claims key "pay-a" in lease mode (committed, lease 10 s) and is about to call the
+# Session A claims key "pay-a" in lease mode (committed, lease 30 s) and is about to call the
 # payment provider.  Session B claimed "pay-b" the same way and is in the middle of completing it
 # (BEGIN; idem_complete(...); not committed).  Session C is in the middle of a same-transaction
 # claim of "pay-c" (BEGIN; idem_claim(...); not committed).  "pay-d" was claimed and completed
@@ -25,7 +25,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
-my $lease = 10;    # seconds: long enough to outlast the crash restart
+my $lease = 30;    # seconds: long enough to outlast the crash restart on a loaded machine, with claims to spare
 
 my $node = PostgreSQL::Test::Cluster->new('crash_lease');
 $node->init;

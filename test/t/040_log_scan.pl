@@ -1,4 +1,4 @@
-# No request or response body in the server log (issue 5, SPEC §4 "no error message or log line
+# No request or response body in the server log (issue 5, docs/contract.md §4 "no error message or log line
 # contains a request or a response body").
 #
 # Every call below carries a distinctive body, "SECRET-BODY-<random>-<case>", in its request or
