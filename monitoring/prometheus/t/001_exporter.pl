@@ -1,6 +1,7 @@
 # prometheus-postgres-exporter with queries.yaml, connected as the role exporter-role.sql makes,
 # against a cluster that ran a scripted workload: every series and its exact value on /metrics
-# (real HTTP on loopback), then after idem_stats_reset() and a few more claims, again.
+# (real HTTP on loopback), then after idem_stats_reset() and a few more claims, again; with
+# per-scope export on (and every metric alerts.yml and grafana-dashboard.json use), then off.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
