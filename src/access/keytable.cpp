@@ -1,6 +1,7 @@
 #include "access/keytable.hpp"
 
 #include "access/lockwait.hpp"
+#include "access/rowsecurity.hpp"
 #include "access/writememo.hpp"
 
 namespace idem {
@@ -99,6 +100,8 @@ keytable_open(KeyTable *kt, Access access, const char *caller)
 	AclMode needed = privileges_for(access);
 	if ((catalog_privileges(GetUserId()) & needed) != needed)
 		aclcheck_error(ACLCHECK_NO_PRIV, OBJECT_TABLE, RelationGetRelationName(kt->rel));
+
+	rowsecurity_require_in_force(kt->rel, kt->catalog.namespace_oid);
 
 	// This layer cannot evaluate row-level security policies: when they apply to the caller, the
 	// caller takes the SQL path (policypath.hpp), where the executor applies them.

@@ -1,6 +1,7 @@
 // The SQL-callable functions of the statistics views: idem_stats (docs/contract.md §2) and
 // idem_scope_stats (docs/contract.md §10), read from stats/dbstats and stats/scopestats.
 #include "access/catalog.hpp"
+#include "access/rowsecurity.hpp"
 #include "common/guard.hpp"
 #include "stats/dbstats.hpp"
 #include "stats/scopestats.hpp"
@@ -81,8 +82,9 @@ sees_all_scopes()
 	AttrNumber scope_att = c->attnum[COL_SCOPE];
 	bool reads_scope = pg_class_aclcheck(relid, user, ACL_SELECT) == ACLCHECK_OK ||
 	                   pg_attribute_aclcheck(relid, scope_att, user, ACL_SELECT) == ACLCHECK_OK;
-	return reads_scope &&
-	       check_enable_rls(relid, InvalidOid, true) != RLS_ENABLED;
+	// A role the recorded row-level security would confine sees nothing while it is not in force.
+	return reads_scope && check_enable_rls(relid, InvalidOid, true) != RLS_ENABLED &&
+	       !rowsecurity_missing_for_keys();
 }
 
 static constexpr int scope_stats_columns = 1 + scope_counter_count + 3;

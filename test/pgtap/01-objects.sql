@@ -2,14 +2,14 @@
 -- Run with pg_prove in a database where CREATE EXTENSION pgtap and
 -- CREATE EXTENSION idempotency were done beforehand.
 BEGIN;
-SELECT plan(76);
+SELECT plan(80);
 
 -- The extension itself
 SELECT has_extension('idempotency', 'extension idempotency is installed');
 SELECT is((SELECT extversion FROM pg_extension WHERE extname = 'idempotency'),
-          '1.4', 'installed version is 1.4');
+          '1.5', 'installed version is 1.5');
 SELECT is((SELECT default_version FROM pg_available_extensions WHERE name = 'idempotency'),
-          '1.4', 'default version is 1.4');
+          '1.5', 'default version is 1.5');
 SELECT is((SELECT extrelocatable FROM pg_extension WHERE extname = 'idempotency'),
           false, 'extension is not relocatable');
 SELECT ok((SELECT 'idem_keys'::regclass = ANY (extconfig)
@@ -49,6 +49,25 @@ SELECT set_eq(
              ('pg_proc', 'idem_reap(integer)'::regprocedure::oid),
              ('pg_proc', 'idem_reap_all(integer,bigint)'::regprocedure::oid)$$,
     'every 1.0 object is a member of the extension');
+
+-- 1.5: row-level security recorded for dumps (docs/security.md)
+SELECT ok((SELECT ARRAY['idem_row_security'::regclass::oid, 'idem_policies'::regclass::oid] <@ extconfig
+             FROM pg_extension WHERE extname = 'idempotency'),
+          'idem_row_security and idem_policies are registered with pg_extension_config_dump');
+SELECT set_eq(
+    $$SELECT evtname::text || ' ' || evtevent FROM pg_event_trigger e
+        JOIN pg_depend d ON d.classid = 'pg_event_trigger'::regclass AND d.objid = e.oid AND d.deptype = 'e'
+        JOIN pg_extension x ON x.oid = d.refobjid AND x.extname = 'idempotency'$$,
+    $$VALUES ('idem_row_security_ddl_start ddl_command_start'), ('idem_row_security_ddl ddl_command_end'),
+             ('idem_row_security_drop sql_drop')$$,
+    'the event triggers that record idem_keys'' row-level security are members of the extension');
+SELECT is((SELECT count(*)::int FROM pg_class c, aclexplode(c.relacl) a
+            WHERE c.oid IN ('idem_row_security'::regclass, 'idem_policies'::regclass) AND a.grantee = 0),
+          0, 'PUBLIC has no privilege on the row-level security record');
+SELECT set_eq(
+    $$SELECT tgname::text FROM pg_trigger WHERE tgrelid IN ('idem_row_security'::regclass, 'idem_policies'::regclass)$$,
+    $$VALUES ('idem_row_security_restore'), ('idem_policies_restore')$$,
+    'loading the record (a restore) applies it');
 
 -- Enums, labels in order
 SELECT has_enum('idem_state');

@@ -5,10 +5,9 @@
 #    (restored with pg_restore) and in plain format (restored with psql) into new databases: every
 #    key is there with every column identical, the grants too, and the extension works on them
 #    (replays of the stored responses, in_progress, takeovers, IK001 for another request, new keys,
-#    the background reaper).  Row-level security on idem_keys is NOT in the dump: PostgreSQL's
-#    pg_dump does not dump the RLS flag or the policies of an extension's table
-#    (docs/security.md says to re-apply them after a restore); asserted here so that the
-#    documentation is changed if that ever changes.
+#    the background reaper).  Row-level security on idem_keys (the flag and a policy) is restored
+#    too (1.5: recorded in the extension's configuration tables; tenants across a restore in
+#    044_rls_restore.pl).
 # 2. DROP EXTENSION removes every object (nothing named idem_* left in pg_class, pg_type, pg_proc,
 #    no dependency left), the schema it was created in stays, the background reaper leaves the
 #    database without errors, and CREATE EXTENSION again works (and is reaped again).
@@ -112,7 +111,7 @@ for my $db (qw(dst dst_plain))
 		sql('src', q{SELECT extversion || ' ' || extnamespace::regnamespace FROM pg_extension WHERE extname = 'idempotency'}),
 		"$db: same extension version, same schema");
 	is(sql($db, q{SELECT array_to_string(extconfig::regclass[], ',') FROM pg_extension WHERE extname = 'idempotency'}),
-		'idem.idem_keys', "$db: idem_keys is still registered for pg_dump");
+		'idem.idem_keys,idem.idem_row_security,idem.idem_policies', "$db: idem_keys and the row-level security record are still registered for pg_dump");
 	is(sql($db, q{SELECT has_table_privilege('app', 'idem.idem_keys', 'SELECT, INSERT, UPDATE')::text
 		|| has_table_privilege('app', 'idem.idem_keys', 'DELETE')::text
 		|| has_table_privilege('auditor', 'idem.idem_keys', 'SELECT')::text
@@ -121,7 +120,7 @@ for my $db (qw(dst dst_plain))
 		'truefalsetruefalse0', "$db: grants kept, PUBLIC still has nothing");
 	is(sql($db, q{SELECT relrowsecurity::text || ' ' || (SELECT count(*) FROM pg_policy WHERE polrelid = 'idem.idem_keys'::regclass)
 		FROM pg_class WHERE oid = 'idem.idem_keys'::regclass}),
-		'false 0', "$db: row-level security and policies on idem_keys are NOT restored (pg_dump skips them; docs/security.md)");
+		'true 1', "$db: row-level security and the policy on idem_keys are restored");
 
 	# the extension works on the restored keys
 	my $r = sql($db, q{
@@ -161,8 +160,10 @@ for my $db (qw(dst dst_plain))
 	($rc, $out, $err) = $node->psql($db, q{SELECT idem.idem_claim('succeeded', '{"a": 3}')});
 	like($err, qr/already used with a different request/, "$db: ... and so does the stored request fingerprint");
 	# the roles' privileges work
-	is($node->safe_psql($db, q{SELECT outcome FROM idem.idem_claim('by-app', '{}')}, extra_params => [ '-U', 'app' ]),
-		'claimed', "$db: the app role claims with the restored grants");
+	is($node->safe_psql($db, q{SET app.tenant = ''; SELECT outcome FROM idem.idem_claim('by-app', '{}')}, extra_params => [ '-U', 'app' ]),
+		'claimed', "$db: the app role claims with the restored grants, within the restored policy");
+	($rc, $out, $err) = $node->psql($db, q{SET app.tenant = 'other'; SELECT idem.idem_claim('by-app-2', '{}')}, extra_params => [ '-U', 'app' ]);
+	like($err, qr/violates row-level security policy/, "$db: ... and the restored policy confines it");
 	($rc, $out, $err) = $node->psql($db, q{SELECT idem.idem_claim('by-auditor')}, extra_params => [ '-U', 'auditor' ]);
 	like($err, qr/permission denied for table idem_keys/, "$db: the read-only role still cannot claim");
 	# the background reaper serves the restored database
@@ -186,6 +187,7 @@ my $leftovers = sql('dst', q{
 		UNION ALL SELECT 'pg_class in idem ' || relname FROM pg_class WHERE relnamespace = 'idem'::regnamespace
 		UNION ALL SELECT 'pg_proc in idem ' || proname FROM pg_proc WHERE pronamespace = 'idem'::regnamespace
 		UNION ALL SELECT 'pg_type in idem ' || typname FROM pg_type WHERE typnamespace = 'idem'::regnamespace
+		UNION ALL SELECT 'pg_event_trigger ' || evtname FROM pg_event_trigger WHERE evtname LIKE 'idem\_%'
 		UNION ALL SELECT 'pg_extension' FROM pg_extension WHERE extname = 'idempotency'
 		UNION ALL SELECT 'pg_depend ' || pg_describe_object(classid, objid, objsubid) FROM pg_depend
 			WHERE refclassid = 'pg_extension'::regclass AND refobjid NOT IN (SELECT oid FROM pg_extension)
