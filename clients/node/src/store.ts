@@ -181,27 +181,32 @@ export class IdempotencyStore {
   }
 
   /**
-   * Same-transaction mode's start: `BEGIN` (with `isolationLevel`) and the claim in one exchange
-   * with the server, so that a replay or a 409 is known after one round trip. The claim's
+   * Same-transaction mode's start: `BEGIN` (with `isolationLevel`), the claim and, when named, a
+   * `savepoint` after it, in one exchange with the server, so that a replay or a 409 is known
+   * after one round trip. The claim's
    * parameters are bound as usual (never spliced into the statement text, so neither the server
    * log nor the parser ever sees them). `client` must not be in a transaction; after an error
    * the transaction is open and aborted: roll it back.
    */
-  async beginAndClaim(client: PoolClient, options: ClaimOptions, isolationLevel?: string): Promise<ClaimResult> {
+  async beginAndClaim(client: PoolClient, options: ClaimOptions, isolationLevel?: string, savepoint?: string): Promise<ClaimResult> {
     const ext = this.known ?? (await this.extension());
     const params = this.claimParams(ext, options);
     const begin = isolationLevel ? `BEGIN ISOLATION LEVEL ${isolationLevel}` : 'BEGIN';
+    const after = savepoint === undefined ? undefined : `SAVEPOINT ${savepoint}`;
     if ((client as { pipeline?: boolean }).pipeline) {
-      // a pipelining client refuses custom query objects, and sends both at once anyway
+      // a pipelining client refuses custom query objects, and sends them all at once anyway
       const started = client.query(begin);
       const claimed = this.one(client, 'claim', ext.sql.claim, params);
+      const saved = after === undefined ? undefined : client.query(after);
       await started.catch(() => undefined); // the claim reports the same failure
-      return claimResult(await claimed);
+      const row = await claimed;
+      await saved;
+      return claimResult(row);
     }
     const name = `${this.prefix}_claim_${params.length}`;
     try {
       const row = await new Promise<QueryResultRow>((resolve, reject) => {
-        client.query(new BeginAndQuery(begin, name, ext.sql.claim, params, (err, result) => (err ? reject(err) : resolve(result as QueryResultRow))));
+        client.query(new BeginAndQuery(begin, name, ext.sql.claim, params, after, (err, result) => (err ? reject(err) : resolve(result as QueryResultRow))));
       });
       return claimResult(row);
     } catch (err) {
@@ -424,8 +429,9 @@ interface WireConnection {
 }
 
 /**
- * A pg query object that sends a transaction's first command (BEGIN) and a prepared statement
- * in the extended protocol, before one Sync: one exchange, and the statement's one row back.
+ * A pg query object that sends a transaction's first command (BEGIN), a prepared statement and
+ * optionally one more command (a SAVEPOINT) in the extended protocol, before one Sync: one
+ * exchange, and the statement's one row back.
  * The statement is prepared once per connection under `statementName`, as pg does for named
  * queries.
  */
@@ -449,6 +455,8 @@ class BeginAndQuery implements Submittable {
     private readonly statementName: string,
     private readonly text: string,
     private readonly values: unknown[],
+    /** A command sent after the statement in the same exchange (a SAVEPOINT), or none. */
+    private readonly after: string | undefined,
     public callback: (err: unknown, row?: QueryResultRow) => void,
   ) {}
 
@@ -473,6 +481,11 @@ class BeginAndQuery implements Submittable {
       con.bind({ statement: this.statementName, values: this.values.map(wireValue), binary: this.binary });
       con.describe({ type: 'P' });
       con.execute({});
+      if (this.after !== undefined) {
+        con.parse({ text: this.after });
+        con.bind({});
+        con.execute({});
+      }
       con.sync();
     } finally {
       con.stream.uncork?.();
