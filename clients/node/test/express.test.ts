@@ -138,9 +138,9 @@ describe('express: same-transaction mode', () => {
 
   test('\\u0000 in a JSON body is fingerprinted as bytes: stored and replayed (the body never reaches jsonb)', async () => {
     const key = uniqueKey('nul');
-    const response = await post(`${server.url}/orders`, key, undefined, { raw: '{"item":"a\\u0000b"}' });
+    const response = await post(`${server.url}/orders`, key, undefined, { raw: '{"note":"a\\u0000b"}' });
     assert.equal(response.status, 201);
-    const replay = await post(`${server.url}/orders`, key, undefined, { raw: '{"item":"a\\u0000b"}' });
+    const replay = await post(`${server.url}/orders`, key, undefined, { raw: '{"note":"a\\u0000b"}' });
     assert.equal(replay.headers.get('idempotent-replayed'), 'true');
     assert.equal((await lookupIn('/orders', key))?.state, 'succeeded');
   });

@@ -65,10 +65,13 @@ after(async () => {
   await db.close();
 });
 
+/** The key as an sf-string: a key with spaces, quotes or backslashes needs the quoted form. */
+const quoted = (key: string) => `"${key.replace(/[\\"]/g, (c) => `\\${c}`)}"`;
+
 function post(route: string, key: string, body: string) {
   return fetch(`${server.url}${route}`, {
     method: 'POST',
-    headers: { 'content-type': 'application/json', 'idempotency-key': key },
+    headers: { 'content-type': 'application/json', 'idempotency-key': quoted(key) },
     body,
   });
 }
@@ -89,7 +92,7 @@ async function count(route: string, key: string, body: string, status: number, a
     quiet = exchanges === total ? quiet + 1 : 0;
     total = exchanges;
   }
-  return { beforeAnswer: atAnswer.get(key)! - start, total: total - start, response, bytes };
+  return { beforeAnswer: atAnswer.get(quoted(key))! - start, total: total - start, response, bytes };
 }
 
 describe('round trips', () => {
