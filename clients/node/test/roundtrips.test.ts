@@ -96,7 +96,7 @@ async function count(route: string, key: string, body: string, status: number, a
 }
 
 describe('round trips', () => {
-  test('same-transaction mode: a replay is answered after one exchange (BEGIN and the claim), ROLLBACK after', async () => {
+  test('same-transaction mode: BEGIN, the claim and the SAVEPOINT are one exchange: a replay is answered after it, ROLLBACK after', async () => {
     const key = `rt-tx-${randomUUID()}`;
     const first = await count('/orders', key, '{"item":"x"}', 201, 4);
     assert.equal(first.beforeAnswer, 4, 'BEGIN + claim + SAVEPOINT, INSERT, complete, COMMIT');
