@@ -60,7 +60,7 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'this database is not configured as an idempotency partition'
             USING ERRCODE = 'IK900',
-                  HINT = 'Run SELECT idem_partition.configure(partition, partitions) (scale-out/generate).';
+                  HINT = 'Run SELECT idem_partition.configure(partition, partitions) (scale-out/idem_scaleout.py partition-config prints it).';
     END IF;
     owner := idem_partition.idem_scope_partition(scope, c.partitions);
     IF owner <> c.partition THEN

@@ -6,7 +6,7 @@ import pytest
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
-from pgcluster import Deployment, temp_root  # noqa: E402
+from pgcluster import FIRST_PORT, Deployment, temp_root  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -27,16 +27,16 @@ def deployment(root, partitions, spare, first_port):
 @pytest.fixture(scope="module")
 def four(root):
     """4 partitions + 1 proxy."""
-    yield from deployment(root, 4, 0, 18000)
+    yield from deployment(root, 4, 0, FIRST_PORT)
 
 
 @pytest.fixture(scope="module")
 def two_plus_two(root):
     """2 partitions in service, 2 spare ones for the resharding, + 1 proxy."""
-    yield from deployment(root, 2, 2, 18010)
+    yield from deployment(root, 2, 2, FIRST_PORT + 10)
 
 
 @pytest.fixture(scope="module")
 def two_plus_two_again(root):
     """Another 2 + 2 + 1, for a resharding that fails half-way."""
-    yield from deployment(root, 2, 2, 18020)
+    yield from deployment(root, 2, 2, FIRST_PORT + 20)
