@@ -30,18 +30,21 @@ CREATE TABLE idem_partition.config (
     partition  integer NOT NULL,
     partitions integer NOT NULL,
     accepting  boolean NOT NULL,
+    -- the resharding that configured this partition as a new one (idem_scaleout.py reshard):
+    -- a run that failed recognises its own leftovers by it, and refuses anyone else's
+    resharding text,
     CHECK (partitions > 0 AND partitions & (partitions - 1) = 0),
     CHECK (partition >= 0 AND partition < partitions)
 );
 
 CREATE FUNCTION idem_partition.configure(partition integer, partitions integer,
-                                         accepting boolean DEFAULT true)
+                                         accepting boolean DEFAULT true, resharding text DEFAULT NULL)
 RETURNS idem_partition.config LANGUAGE sql AS $$
-    INSERT INTO idem_partition.config AS c (partition, partitions, accepting)
-    VALUES (configure.partition, configure.partitions, configure.accepting)
+    INSERT INTO idem_partition.config AS c (partition, partitions, accepting, resharding)
+    VALUES (configure.partition, configure.partitions, configure.accepting, configure.resharding)
     ON CONFLICT (singleton) DO UPDATE
         SET partition = excluded.partition, partitions = excluded.partitions,
-            accepting = excluded.accepting
+            accepting = excluded.accepting, resharding = excluded.resharding
     RETURNING c.*
 $$;
 
@@ -226,4 +229,4 @@ $do$;
 GRANT USAGE ON SCHEMA idem_partition TO PUBLIC;
 GRANT SELECT ON idem_partition.config TO PUBLIC;
 -- changing which scopes this partition owns is the operator's (and the resharding tool's)
-REVOKE EXECUTE ON FUNCTION idem_partition.configure(integer, integer, boolean) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION idem_partition.configure(integer, integer, boolean, text) FROM PUBLIC;
