@@ -20,6 +20,7 @@ PGPASSWORD, ~/.pgpass). Its privileges are listed in docs/scale-out.md.
 import argparse
 import os
 import random
+import subprocess
 import sys
 import time
 
@@ -169,10 +170,16 @@ class Database:
 
 
 def reshard(proxy_dsns, new_dsns: list[str], server: str = SERVER, lock_timeout: str = "10s",
-            log=print) -> dict:
+            log=print, hook: str | None = None) -> dict:
     """Double the partition count from N to 2N: old partition p keeps the scopes with
     hash & (2N - 1) = p and gives those of p + N to the new partition p + N; every proxy is
     switched to the 2N partitions. See docs/scale-out.md for the steps.
+
+    `hook`, a shell command, moves the application's own tables colocated by scope: it runs for
+    each pair (old p, new p + N) with IDEM_RESHARD_PHASE=copy while the old partition's writes are
+    frozen, after its keys are copied and before it gives the scopes up (it must replace what an
+    earlier run copied), then with IDEM_RESHARD_PHASE=cleanup once every proxy is switched (it
+    must be idempotent). A non-zero exit stops the tool like any other failure.
 
     Everything is checked before anything changes. A run that fails leaves a state that the same
     command, run again, finishes; at every point each scope has at most one accepting partition.
@@ -200,7 +207,7 @@ def reshard(proxy_dsns, new_dsns: list[str], server: str = SERVER, lock_timeout:
         old = [open_db(f"OLD partition {p}", dsn) for p, dsn in enumerate(first[:n])]
         new = [open_db(f"NEW partition {n + i}", dsn) for i, dsn in enumerate(new_dsns)]
         plan = _check(proxies, lists, old, new, server)
-        return _move(plan, proxies, lists, old, new, new_dsns, server, lock_timeout, log)
+        return _move(plan, proxies, lists, old, new, new_dsns, server, lock_timeout, log, hook)
     finally:
         for db in opened:
             db.close()
@@ -303,7 +310,17 @@ def _check(proxies, lists, old, new, server) -> dict:
     return {"identity": identity, "to_copy": to_copy, "to_accept": to_accept}
 
 
-def _move(plan, proxies, lists, old, new, new_dsns, server, lock_timeout, log) -> dict:
+def run_hook(hook, phase, p, n, old_dsn, new_dsn, log) -> None:
+    env = dict(os.environ, IDEM_RESHARD_PHASE=phase, IDEM_OLD_PARTITION=str(p), IDEM_NEW_PARTITION=str(p + n),
+               IDEM_PARTITIONS=str(2 * n), IDEM_OLD_DSN=old_dsn, IDEM_NEW_DSN=new_dsn)
+    done = subprocess.run(hook, shell=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"the hook failed in phase {phase} for partitions {p} and {p + n} (exit status"
+                           f" {done.returncode}); run the same command again once it is fixed")
+    log(f"hook: {phase} for partitions {p} and {p + n}")
+
+
+def _move(plan, proxies, lists, old, new, new_dsns, server, lock_timeout, log, hook) -> dict:
     n = len(old)
     identity, to_copy = plan["identity"], plan["to_copy"]
     log(f"resharding {identity}: {n} -> {2 * n} partitions; to copy: {[p + n for p in to_copy]}")
@@ -337,6 +354,8 @@ def _move(plan, proxies, lists, old, new, new_dsns, server, lock_timeout, log) -
                 into.write(block)
         moved[p + n] = dst.execute("SELECT count(*) FROM idem_keys").fetchone()[0]
         dst.commit()
+        if hook:
+            run_hook(hook, "copy", p, n, lists[0][p], new_dsns[p], log)
     if to_copy:
         log(f"copied {sum(moved.values())} keys to partitions {sorted(moved)}")
     step_done("copied", log)
@@ -368,6 +387,10 @@ def _move(plan, proxies, lists, old, new, new_dsns, server, lock_timeout, log) -
         if i == 0:
             step_done("switched-first", log)
     step_done("switched", log)
+    # 7. the application's tables: the old partitions' copies of moved scopes are dropped
+    if hook:
+        for p in range(n):
+            run_hook(hook, "cleanup", p, n, lists[0][p], new_dsns[p], log)
     return {"moved": moved, "deleted": deleted, "frozen_seconds": frozen, "resharding": identity}
 
 
@@ -387,6 +410,8 @@ def main(argv: list[str]) -> int:
                       help="a proxy to switch; repeat it for every proxy")
     move.add_argument("--server", default=SERVER)
     move.add_argument("--lock-timeout", default="10s")
+    move.add_argument("--hook", metavar="COMMAND",
+                      help="moves the application's tables colocated by scope (docs/scale-out.md)")
     move.add_argument("new_dsns", nargs="+", metavar="NEW_DSN")
     args = parser.parse_args(argv)
     if args.command == "proxy-config":
@@ -394,7 +419,7 @@ def main(argv: list[str]) -> int:
     elif args.command == "partition-config":
         sys.stdout.write(partition_config_sql(args.index, args.count, not args.not_accepting))
     else:
-        reshard(args.proxy, args.new_dsns, args.server, args.lock_timeout)
+        reshard(args.proxy, args.new_dsns, args.server, args.lock_timeout, hook=args.hook)
     return 0
 
 

@@ -10,7 +10,7 @@ import sys
 import psycopg
 import pytest
 
-from pgcluster import HERE
+from pgcluster import BINDIR, HERE
 from test_reshard import all_rows
 
 import idem_scaleout
@@ -19,7 +19,7 @@ SCOPES = [f"r-{i}" for i in range(48)]
 TOOL = HERE / "idem_scaleout.py"
 
 
-def run_tool(proxies, new_dsns, fail_after=None):
+def run_tool(proxies, new_dsns, fail_after=None, hook=None):
     env = dict(os.environ)
     env.pop(idem_scaleout.FAIL_AFTER, None)
     if fail_after:
@@ -27,6 +27,8 @@ def run_tool(proxies, new_dsns, fail_after=None):
     args = [sys.executable, str(TOOL), "reshard"]
     for proxy in proxies:
         args += ["--proxy", proxy]
+    if hook:
+        args += ["--hook", hook]
     return subprocess.run(args + list(new_dsns), capture_output=True, text=True, env=env, timeout=300)
 
 
@@ -181,3 +183,66 @@ def test_a_failure_after_each_step_then_the_same_command_repairs_it(fresh_two_pl
     again = run_tool(proxies, new_spelling)
     assert again.returncode == 0, again.stderr
     assert all_rows(d.partitions) == after
+
+
+# --- the application's tables, moved by the hook ----------------------------------------------------
+
+HOOK = """#!/bin/bash
+# moves table orders (colocated by its column scope) with the keys: docs/scale-out.md
+set -euo pipefail
+psql() {{ "{bindir}/psql" -X -q -v ON_ERROR_STOP=1 "$@"; }}
+where="idem_partition.idem_scope_partition(scope, $IDEM_PARTITIONS)"
+case "$IDEM_RESHARD_PHASE" in
+  copy)
+    psql -d "$IDEM_NEW_DSN" -c "DELETE FROM orders"
+    psql -d "$IDEM_OLD_DSN" -c "COPY (SELECT * FROM orders WHERE $where = $IDEM_NEW_PARTITION) TO STDOUT" |
+      psql -d "$IDEM_NEW_DSN" -c "COPY orders FROM STDIN" ;;
+  cleanup)
+    psql -d "$IDEM_OLD_DSN" -c "DELETE FROM orders WHERE $where <> $IDEM_OLD_PARTITION" ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("fail_after", [None, "gave-up-first"])
+def test_the_hook_moves_the_application_tables(fresh_two_plus_two, fail_after, tmp_path):
+    d = fresh_two_plus_two
+    fill(d)
+    for p in d.partitions:
+        p.psql_script("idem", "CREATE TABLE orders (scope text, id int, total int)")
+    with d.proxy.connect() as px:
+        owner2 = {s: px.execute("SELECT idem_partition.idem_scope_partition(%s, 2)", [s]).fetchone()[0]
+                  for s in SCOPES}
+        owner4 = {s: px.execute("SELECT idem_partition.idem_scope_partition(%s, 4)", [s]).fetchone()[0]
+                  for s in SCOPES}
+    for s in SCOPES:
+        with d.partitions[owner2[s]].connect() as conn:
+            conn.execute("INSERT INTO orders SELECT %s, i, 10 * i FROM generate_series(1, 3) i", [s])
+    hook = tmp_path / "move-orders"
+    hook.write_text(HOOK.format(bindir=BINDIR))
+    hook.chmod(0o755)
+    proxies, new = [px.dsn for px in d.proxies], [p.dsn for p in d.partitions[2:]]
+    if fail_after:
+        failed = run_tool(proxies, new, fail_after=fail_after, hook=str(hook))
+        assert failed.returncode != 0 and "failure injected" in failed.stderr, failed.stderr
+    done = run_tool(proxies, new, hook=str(hook))
+    assert done.returncode == 0, done.stderr
+    assert "hook: cleanup for partitions 1 and 3" in done.stdout, done.stdout
+    where = {}
+    for i, p in enumerate(d.partitions):
+        for scope, order_id, total in p.query("SELECT * FROM orders"):
+            where.setdefault((scope, order_id), []).append(i)
+    assert where == {(s, i): [owner4[s]] for s in SCOPES for i in (1, 2, 3)}
+    assert answers(d) == set()
+
+
+def test_a_failing_hook_stops_before_anything_is_given_up(fresh_two_plus_two, tmp_path):
+    d = fresh_two_plus_two
+    fill(d)
+    before = all_rows(d.partitions[:2])
+    hook = tmp_path / "broken"
+    hook.write_text("#!/bin/sh\nexit 3\n")
+    hook.chmod(0o755)
+    result = run_tool([px.dsn for px in d.proxies], [p.dsn for p in d.partitions[2:]], hook=str(hook))
+    assert result.returncode != 0 and "the hook failed in phase copy" in result.stderr, result.stderr
+    assert configs(d)[:2] == [(0, 2, True), (1, 2, True)]
+    assert all_rows(d.partitions[:2]) == before and answers(d) == set()
