@@ -18,6 +18,7 @@ PGPASSWORD, ~/.pgpass). Its privileges are listed in docs/scale-out.md.
 """
 
 import argparse
+import hashlib
 import os
 import random
 import subprocess
@@ -37,7 +38,8 @@ def check_partition_count(count: int) -> None:
 
 
 def proxy_config_sql(dsns: list[str], server: str = SERVER) -> str:
-    """One transaction that creates the PL/Proxy server or replaces its partitions.
+    """One transaction that creates the PL/Proxy server (with a user mapping for PUBLIC and USAGE
+    granted to PUBLIC) or replaces its partitions.
 
     PL/Proxy notices the changed options at its next call: every call routes by the new count.
     """
@@ -57,6 +59,8 @@ BEGIN
         EXECUTE format('CREATE SERVER %I FOREIGN DATA WRAPPER plproxy OPTIONS (%s)', {literal(server)},
                        {literal(options)});
         EXECUTE format('CREATE USER MAPPING FOR PUBLIC SERVER %I', {literal(server)});
+        -- PL/Proxy checks the caller's USAGE on the server
+        EXECUTE format('GRANT USAGE ON FOREIGN SERVER %I TO PUBLIC', {literal(server)});
         RETURN;
     END IF;
     -- partitions beyond the new count are dropped, the others set or added
@@ -216,7 +220,6 @@ def reshard(proxy_dsns, new_dsns: list[str], server: str = SERVER, lock_timeout:
 def _check(proxies, lists, old, new, server) -> dict:
     """Every check, before any change. Returns what is left to do (a first run, or the repair of
     a failed one: its leftovers are recognised by the resharding's identity)."""
-    import hashlib
     n = len(old)
     databases = old + new
     for i, db in enumerate(databases):
@@ -254,13 +257,17 @@ def _check(proxies, lists, old, new, server) -> dict:
         has = db.conn.execute(
             "SELECT (SELECT extversion FROM pg_extension WHERE extname = 'idempotency'),"
             " to_regclass('idem_partition.config') IS NOT NULL,"
-            " has_table_privilege('idem_keys', 'SELECT, INSERT, DELETE')").fetchone()
+            " CASE WHEN to_regclass('idem_partition.config') IS NOT NULL AND to_regclass('idem_keys') IS NOT NULL"
+            "  THEN has_table_privilege('idem_keys', 'SELECT') AND has_table_privilege('idem_keys', 'INSERT')"
+            "   AND has_table_privilege('idem_keys', 'DELETE')"
+            "   AND has_table_privilege('idem_partition.config', 'INSERT')"
+            "   AND has_table_privilege('idem_partition.config', 'UPDATE') END").fetchone()
         if has[0] is None or not has[1]:
             raise ReshardError(f"{db.role} ({masked(db.dsn)}) has no idempotency extension or no schema"
                                " idem_partition (scale-out/sql/partition.sql); nothing was changed")
         if not has[2]:
-            raise ReshardError(f"{db.role}: this role needs SELECT, INSERT and DELETE on idem_keys;"
-                               " nothing was changed")
+            raise ReshardError(f"{db.role}: this role needs SELECT, INSERT and DELETE on idem_keys and"
+                               " INSERT and UPDATE on idem_partition.config; nothing was changed")
         versions.add(has[0])
     if len(versions) != 1:
         raise ReshardError(f"every partition needs the same idempotency version, found {sorted(versions)};"

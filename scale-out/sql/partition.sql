@@ -209,7 +209,7 @@ RETURNS SETOF record LANGUAGE sql STABLE AS $$
     SELECT scope, key, attempt, locked_until, created_at, stalled_for FROM %1$s.idem_stalled
 $$;
 
--- One row for monitoring through the proxy (RUN ON ALL): which partition answers, and its counters.
+-- One row for monitoring through the proxy (idem_partition_stats()): which partition answers, and its counters.
 CREATE FUNCTION idem_partition.stats(OUT partition integer, OUT partitions integer, OUT accepting boolean,
                                      OUT claims bigint, OUT inserted bigint, OUT replays bigint,
                                      OUT in_progress bigint, OUT takeovers bigint, OUT mismatches bigint,

@@ -10,6 +10,7 @@ import sys
 import psycopg
 import pytest
 
+from guide import guide_blocks
 from pgcluster import BINDIR, HERE
 from test_reshard import all_rows
 
@@ -20,7 +21,7 @@ TOOL = HERE / "idem_scaleout.py"
 
 
 def run_tool(proxies, new_dsns, fail_after=None, hook=None):
-    env = dict(os.environ)
+    env = dict(os.environ, PATH=f"{BINDIR}:{os.environ['PATH']}")    # the hook's psql
     env.pop(idem_scaleout.FAIL_AFTER, None)
     if fail_after:
         env[idem_scaleout.FAIL_AFTER] = fail_after
@@ -187,22 +188,6 @@ def test_a_failure_after_each_step_then_the_same_command_repairs_it(fresh_two_pl
 
 # --- the application's tables, moved by the hook ----------------------------------------------------
 
-HOOK = """#!/bin/bash
-# moves table orders (colocated by its column scope) with the keys: docs/scale-out.md
-set -euo pipefail
-psql() {{ "{bindir}/psql" -X -q -v ON_ERROR_STOP=1 "$@"; }}
-where="idem_partition.idem_scope_partition(scope, $IDEM_PARTITIONS)"
-case "$IDEM_RESHARD_PHASE" in
-  copy)
-    psql -d "$IDEM_NEW_DSN" -c "DELETE FROM orders"
-    psql -d "$IDEM_OLD_DSN" -c "COPY (SELECT * FROM orders WHERE $where = $IDEM_NEW_PARTITION) TO STDOUT" |
-      psql -d "$IDEM_NEW_DSN" -c "COPY orders FROM STDIN" ;;
-  cleanup)
-    psql -d "$IDEM_OLD_DSN" -c "DELETE FROM orders WHERE $where <> $IDEM_OLD_PARTITION" ;;
-esac
-"""
-
-
 @pytest.mark.parametrize("fail_after", [None, "gave-up-first"])
 def test_the_hook_moves_the_application_tables(fresh_two_plus_two, fail_after, tmp_path):
     d = fresh_two_plus_two
@@ -217,8 +202,8 @@ def test_the_hook_moves_the_application_tables(fresh_two_plus_two, fail_after, t
     for s in SCOPES:
         with d.partitions[owner2[s]].connect() as conn:
             conn.execute("INSERT INTO orders SELECT %s, i, 10 * i FROM generate_series(1, 3) i", [s])
-    hook = tmp_path / "move-orders"
-    hook.write_text(HOOK.format(bindir=BINDIR))
+    hook = tmp_path / "move-orders"           # the guide's hook, as written
+    hook.write_text(guide_blocks()["hook"])
     hook.chmod(0o755)
     proxies, new = [px.dsn for px in d.proxies], [p.dsn for p in d.partitions[2:]]
     if fail_after:
