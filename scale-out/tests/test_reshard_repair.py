@@ -142,7 +142,7 @@ def test_a_new_database_that_is_not_new_is_refused_and_kept(two_plus_two_checks,
 
 # --- a failure after each step, then the repair ----------------------------------------------------
 
-@pytest.mark.parametrize("step", idem_scaleout.STEPS[:-1])
+@pytest.mark.parametrize("step", idem_scaleout.STEPS)
 def test_a_failure_after_each_step_then_the_same_command_repairs_it(fresh_two_plus_two, step):
     d = fresh_two_plus_two
     fill(d)
