@@ -1,6 +1,14 @@
 import { STATUS_CODES, type OutgoingHttpHeaders } from 'node:http';
 import type { PoolClient } from 'pg';
-import { IdempotencyError, StaleAttemptError, TransientError, isSerializationFailure, translateError } from './errors';
+import {
+  IdempotencyError,
+  PartitionUnavailableError,
+  RowSecurityNotInForceError,
+  StaleAttemptError,
+  TransientError,
+  isSerializationFailure,
+  translateError,
+} from './errors';
 import { httpFingerprint, parseKeyHeader } from './request';
 import { resolveHeartbeat, startHeartbeat, type Heartbeat, type IsolationLevel } from './run';
 import type { ClaimOptions, ClaimResult, Duration, FinishOptions, IdempotencyStore } from './store';
@@ -338,9 +346,10 @@ export class HttpIdempotency<Req = unknown> {
       return problem(422, 'idempotency_key_mismatch', 'this key was already used for a different request');
     }
     this.options.onError?.(err);
-    if (err instanceof TransientError || isConnectionError(err)) {
+    if (err instanceof TransientError || err instanceof RowSecurityNotInForceError || isConnectionError(err)) {
       const response = problem(503, 'idempotency_unavailable', 'the idempotency store is unavailable; retry later');
-      response.headers['retry-after'] = '1';
+      // a partition that is down, or tenant policies an operator must restore, take longer than a lost race
+      response.headers['retry-after'] = err instanceof PartitionUnavailableError || err instanceof RowSecurityNotInForceError ? '5' : '1';
       return response;
     }
     return problem(500, 'idempotency_internal_error', 'the idempotency store failed');
