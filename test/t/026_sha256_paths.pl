@@ -8,8 +8,9 @@
 # hash fails in turn: the hash fails cleanly (named call, no crash, no wrong digest) or succeeds.
 #
 # Then the extension in a server: fingerprints of requests whose canonical text reaches the hash in
-# pieces crossing the buffer at many offsets (quotes, escapes, keys, multi-byte text); and the
-# library links the server's libcrypto and defines no symbol outside its own names.
+# pieces crossing the buffer at many offsets (quotes, escapes, keys, multi-byte text); the
+# library links the server's libcrypto and defines no symbol outside its own names; and a server
+# whose OpenSSL offers no SHA-256 answers a claim with XX000 and writes nothing.
 # sql/fingerprint.sql checks fingerprints against PostgreSQL's sha256().
 use strict;
 use warnings;
@@ -167,5 +168,46 @@ my @defined = map { (split ' ')[-1] } grep { /\s[TDBVWiu]\s/ } split /\n/, `nm -
 ok(@defined > 0, 'the library defines dynamic symbols');
 my @foreign = grep { !/^(idem_[a-z_]+|pg_finfo_idem_[a-z_]+|Pg_magic_func|_PG_init|_ZZ?N4idem.*)$/ } @defined;
 is_deeply(\@foreign, [], 'no symbol outside the library\'s own names');
+
+# A server whose OpenSSL offers no SHA-256 (a configuration asking for FIPS implementations where
+# no FIPS provider is installed): a claim with a request gets a clear XX000 naming the failed call,
+# writes nothing, and the backend goes on; claims without a request work.
+my $conf = PostgreSQL::Test::Utils::tempdir() . '/openssl.cnf';
+open my $fh, '>', $conf or die "$conf: $!";
+print $fh <<'CONF';
+openssl_conf = openssl_init
+
+[openssl_init]
+alg_section = evp_properties
+random = random_section
+
+[evp_properties]
+default_properties = "fips=yes"
+
+[random_section]
+properties = "fips=no"
+CONF
+close $fh;
+my $no_sha = PostgreSQL::Test::Cluster->new('no_sha256');
+$no_sha->init;
+{
+	local $ENV{OPENSSL_CONF} = $conf;
+	$no_sha->start;
+}
+$no_sha->safe_psql('postgres', 'CREATE EXTENSION idempotency');
+my ($stdout, $stderr) = ('', '');
+$no_sha->psql('postgres', q{
+	\set VERBOSITY verbose
+	SELECT idem_claim('k', '{"amount": 1}');
+	SELECT idem_claim('k', '{"amount": 1}');
+	SELECT outcome FROM idem_claim('no-request')},
+	stdout => \$stdout, stderr => \$stderr, on_error_stop => 0);
+my @errors = $stderr =~ /^(?:psql:\S+: )?ERROR:\s+XX000: idempotency: OpenSSL could not compute the request fingerprint$/mg;
+is(scalar @errors, 2, 'a claim with a request: XX000, in the same backend each time') or diag($stderr);
+like($stderr, qr/^DETAIL:\s+EVP_MD_fetch failed: unsupported\.$/m, 'the detail names the call and the reason');
+is($stdout, 'claimed', 'a claim without a request works in that backend');
+is($no_sha->safe_psql('postgres', q{SELECT string_agg(key, ',') FROM idem_keys}), 'no-request',
+	'nothing written by the failed claims');
+$no_sha->stop;
 
 done_testing();
