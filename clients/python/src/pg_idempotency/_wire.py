@@ -1,6 +1,7 @@
 """The runners' exchanges with the server, written through libpq (psycopg's ``pgconn``).
 
-Same-transaction mode sends ``BEGIN`` with the claim, and the result with ``COMMIT``, each pair in
+Same-transaction mode sends ``BEGIN`` with the claim and a savepoint, and the result with
+``COMMIT`` (after ``ROLLBACK TO SAVEPOINT`` when the handler's writes are discarded), each group in
 one exchange (two statements before one Sync, libpq's pipeline mode); lease mode sends one
 statement per exchange, in an implicit transaction (autocommit without switching the connection
 to it). psycopg's cursor and pipeline machinery cost more Python CPU per statement than the
@@ -36,6 +37,10 @@ _BYTEA_OID, _INTERVAL_OID, _JSONB_OID = 17, 1186, 3802
 _INTERVAL = struct.Struct("!qii")  # microseconds, days, months: interval's binary form
 _INT4_MIN, _INT4_MAX = -(2 ** 31), 2 ** 31 - 1
 COMMIT = b"COMMIT"
+#: taken right after the claim in same-transaction mode: a stored 4xx answer rolls the handler's
+#: writes back to it (docs/http.md)
+SAVEPOINT = b"SAVEPOINT idempotency_handler"
+ROLLBACK_TO_SAVEPOINT = b"ROLLBACK TO SAVEPOINT idempotency_handler"
 
 
 class Statement:
