@@ -10,13 +10,18 @@ only here: psycopg reads the transaction status from libpq (it keeps no copy to 
 statements are unnamed (psycopg's prepared-statement cache is not involved), and errors are
 psycopg's own exceptions, built from the result as psycopg builds them. The handler's statements
 go through psycopg as usual, in the transaction opened here.
+
+Everything that depends on psycopg's internals is in this module (``psycopg.generators``, the
+connection's ``lock``, ``wait`` and ``_num_transactions``, libpq's pipeline status), for the psycopg
+versions pyproject.toml names.
 """
 
 from __future__ import annotations
 
 import struct
 from datetime import timedelta
-from typing import Any, Generator, Optional, Sequence, Union
+from contextlib import contextmanager
+from typing import Any, Generator, Iterator, Optional, Sequence, Union
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -54,6 +59,26 @@ class Statement:
         self.values = values
         self.types = types
         self.formats = formats
+
+
+@contextmanager
+def transaction_held(conn: AnyConnection) -> Iterator[None]:
+    """While the handler runs, psycopg refuses ``conn.commit()`` and ``conn.rollback()`` with
+    its own ProgrammingError, as inside ``conn.transaction()``: the transaction holds the key,
+    and the runner opened it without psycopg's Transaction (which would add an exchange). psycopg
+    counts its open Transaction blocks in ``_num_transactions`` (3.0 to 3.2) and checks it in
+    commit() and rollback()."""
+    conn._num_transactions += 1
+    try:
+        yield
+    finally:
+        conn._num_transactions -= 1
+
+
+def interrupted(conn: AnyConnection) -> bool:
+    """An exchange was cut short (cancelled) with answers unread: libpq is still in pipeline
+    mode, and the connection's protocol state is unknown."""
+    return conn.pgconn.pipeline_status != pq.PipelineStatus.OFF
 
 
 def begin(conn: AnyConnection) -> Statement:

@@ -8,7 +8,6 @@ from datetime import timedelta
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional
 
 import psycopg
-from psycopg import pq
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
@@ -16,8 +15,7 @@ from . import _protocol as proto
 from . import _wire
 from . import errors
 from .client import (_COMMIT, _PIPELINE, _ROLLBACK_TO_SAVEPOINT, _SAVEPOINT, ExceptionPolicy,
-                     _check_no_transaction, _not_claimed, _result_statement, _transaction_held,
-                     logger)
+                     _check_no_transaction, _not_claimed, _result_statement, logger)
 from .lease import Lease
 from .results import ClaimResult, Executed, KeyRow, Outcome, Reply, RunResult
 
@@ -228,7 +226,7 @@ class AsyncIdempotency:
                      on_exception: Optional[ExceptionPolicy]) -> tuple[Reply, bool]:
         """See ``Idempotency._reply``."""
         try:
-            with _transaction_held(conn):
+            with _wire.transaction_held(conn):
                 return await handler(conn), False
         except Exception as exc:
             if on_exception is None or proto.retries_transaction(exc):
@@ -337,7 +335,7 @@ async def _roll_back(conn: AsyncConnection) -> None:
     """See ``client._roll_back``."""
     if conn.closed:
         return
-    if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+    if _wire.interrupted(conn):
         await conn.close()  # an exchange was interrupted (cancelled) with answers unread
         return
     if conn.info.transaction_status == TransactionStatus.IDLE:

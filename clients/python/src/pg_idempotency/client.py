@@ -9,7 +9,6 @@ from datetime import timedelta
 from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 import psycopg
-from psycopg import pq
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
@@ -47,20 +46,6 @@ def _autocommit(conn: Connection) -> Iterator[None]:
             conn.autocommit = False
         else:
             conn.close()
-
-
-@contextmanager
-def _transaction_held(conn: "psycopg.BaseConnection[Any]") -> Iterator[None]:
-    """While the handler runs, psycopg refuses ``conn.commit()`` and ``conn.rollback()`` with
-    its own ProgrammingError, as inside ``conn.transaction()``: the transaction holds the key,
-    and the runner opened it without psycopg's Transaction (which would add an exchange). psycopg
-    counts its open Transaction blocks in ``_num_transactions`` (3.0 to 3.2) and checks it in
-    commit() and rollback()."""
-    conn._num_transactions += 1
-    try:
-        yield
-    finally:
-        conn._num_transactions -= 1
 
 
 def _result_statement(conn: "psycopg.BaseConnection[Any]", ext: proto.Extension, key: str,
@@ -293,7 +278,7 @@ class Idempotency:
         """The handler's reply, and whether its writes are to be discarded (a reply of the
         exception policy is stored without them)."""
         try:
-            with _transaction_held(conn):
+            with _wire.transaction_held(conn):
                 return handler(conn), False
         except Exception as exc:
             if on_exception is None or proto.retries_transaction(exc):
@@ -434,7 +419,7 @@ def _roll_back(conn: Connection) -> None:
     hide the error that led to it."""
     if conn.closed:
         return
-    if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+    if _wire.interrupted(conn):
         conn.close()  # an exchange was interrupted (cancelled) with answers unread
         return
     if conn.info.transaction_status == TransactionStatus.IDLE:
