@@ -162,7 +162,8 @@ def _to_django(response: http.HttpResponse) -> HttpResponse:
     del out["Content-Type"]  # exactly the stored headers, not Django's default
     for name, value in response.headers:
         out[name] = value
-    out["Content-Length"] = str(len(response.body))
+    if http.has_body(response.status):
+        out["Content-Length"] = str(len(response.body))
     return out
 
 

@@ -232,7 +232,8 @@ def _to_response(response: http.HttpResponse) -> Response:
     out = Response(response.body, status_code=response.status)
     out.raw_headers = [(name.lower().encode("latin-1"), value.encode("latin-1"))
                        for name, value in response.headers]
-    out.raw_headers.append((b"content-length", str(len(response.body)).encode()))
+    if http.has_body(response.status):
+        out.raw_headers.append((b"content-length", str(len(response.body)).encode()))
     return out
 
 

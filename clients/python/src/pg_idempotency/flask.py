@@ -148,7 +148,8 @@ def _to_flask(response: http.HttpResponse) -> flask.Response:
     out.headers.clear()  # exactly the stored headers; Content-Length is set from the body
     for name, value in response.headers:
         out.headers.add(name, value)
-    out.headers["Content-Length"] = str(len(response.body))
+    if http.has_body(response.status):
+        out.headers["Content-Length"] = str(len(response.body))
     return out
 
 

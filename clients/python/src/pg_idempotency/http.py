@@ -292,6 +292,11 @@ def prepare(settings: HttpSettings, options: RouteOptions, request: RawRequest, 
                                                 request.body, chosen))
 
 
+def has_body(status: int) -> bool:
+    """A 1xx, 204 or 304 answer carries neither a body nor Content-Length (RFC 9110)."""
+    return status >= 200 and status not in (204, 304)
+
+
 def body_unavailable() -> HttpResponse:
     """A parser consumed the body before the library could read it: never guess."""
     return problem(500, "idempotency_body_unavailable",
