@@ -280,6 +280,16 @@ def test_retryable_failure_runs_again_and_terminal_failure_replays(
     assert count(conn, "SELECT count(*) FROM handler_runs WHERE idem_key = %s", other) == 1
 
 
+@pytest.mark.parametrize("framework", ["flask"], indirect=True)  # a before_request hook
+def test_a_body_a_parser_consumed_is_refused_not_guessed(
+        client: httpx.Client, conn: psycopg.Connection[Any], key: str) -> None:
+    answer = client.post("/form-first", headers={"Idempotency-Key": key},
+                         data={"a": "1", "b": "2"})
+    assert answer.status_code == 500
+    assert answer.json()["code"] == "idempotency_raw_body_unavailable"
+    assert key_row(conn, key) is None
+
+
 def test_425_is_retryable(client: httpx.Client, conn: psycopg.Connection[Any],
                           key: str) -> None:
     """Defect of issue 20: 425 Too Early was stored as a final failure and replayed."""

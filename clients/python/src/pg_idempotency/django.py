@@ -14,7 +14,7 @@
 ``request.idempotency`` is the key, scope and attempt (``KeyContext``, a ``Lease`` in lease
 mode; None without a key). Hooks: ``validate(request)`` runs before the key is claimed (a
 response it returns is the answer, nothing is stored); ``on_committed(context, response)`` runs
-after the result is committed, before the answer is sent.
+after the result is stored (a success or a final failure), before the answer is sent.
 
 The views write through the psycopg 3 connection they are given: the ORM's connection is not
 part of the claim's transaction (Django 3.2, Debian's, reaches PostgreSQL only through psycopg2).
@@ -97,7 +97,6 @@ class DjangoIdempotency(http.RouteDecorators[View]):
             else:
                 with idem.pool.connection() as conn, conn.transaction():
                     response = view(request, *args, conn=conn, **kwargs)
-            self._committed(options, None, response)
             return response  # type: ignore[no-any-return]
 
         produced: list[HttpResponseBase] = []
@@ -144,13 +143,13 @@ class DjangoIdempotency(http.RouteDecorators[View]):
                 raise
             return _to_django(answer)
         if isinstance(result, Executed):
-            if http.committed(options, result.reply):
+            if http.stored(result.reply):
                 self._committed(options, getattr(request, "idempotency"), produced[0])
             return produced[0]
         return _to_django(http.for_result(result))
 
     @staticmethod
-    def _committed(options: http.RouteOptions, context: Optional[KeyContext],
+    def _committed(options: http.RouteOptions, context: KeyContext,
                    response: HttpResponseBase) -> None:
         hook = options.on_committed
         if hook is not None:

@@ -15,8 +15,8 @@
 
 ``Depends(idem.context)`` gives the key, scope and attempt. Hooks: ``validate(request)`` runs
 before the key is claimed (a Response it returns is the answer, nothing is stored);
-``on_committed(context, response)`` runs after the result is committed, before the answer is
-sent; either may be a coroutine function.
+``on_committed(context, response)`` runs after the result is stored (a success or a final
+failure), before the answer is sent; either may be a coroutine function.
 
 The route class wraps the marked endpoints only: it needs the route template (the scope) and
 the finished response (to store it), which a dependency or a middleware does not see.
@@ -112,6 +112,9 @@ class FastAPIIdempotency(http.RouteDecorators[Endpoint]):
             body = await request.body()
         except RuntimeError:  # "Stream consumed": something read it without keeping it
             return _to_response(http.body_unavailable())
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) != len(body):
+            return _to_response(http.body_unavailable())  # a middleware read it first
         scope = request.scope
 
         def header(name: str) -> Optional[str]:
@@ -138,7 +141,6 @@ class FastAPIIdempotency(http.RouteDecorators[Endpoint]):
                 async with idem.pool.connection() as conn, conn.transaction():
                     setattr(request.state, _CONNECTION, conn)
                     response = await _buffered(await original(request))
-            await self._committed(options, None, response)
             return response
 
         produced: list[Response] = []
@@ -187,13 +189,13 @@ class FastAPIIdempotency(http.RouteDecorators[Endpoint]):
                 raise
             return _to_response(answer)
         if isinstance(result, Executed):
-            if http.committed(options, result.reply):
+            if http.stored(result.reply):
                 await self._committed(options, getattr(request.state, _CONTEXT), produced[0])
             return produced[0]
         return _to_response(http.for_result(result))
 
     @staticmethod
-    async def _committed(options: http.RouteOptions, context: Optional[KeyContext],
+    async def _committed(options: http.RouteOptions, context: KeyContext,
                          response: Response) -> None:
         hook = options.on_committed
         if hook is None:

@@ -14,7 +14,7 @@
 
 Hooks: ``validate()`` runs in the request context before the key is claimed; a return value
 other than None is the answer (nothing is stored). ``on_committed(context, response)`` runs
-after the result is committed, before the answer is sent (``context`` is None without a key).
+after the result is stored (a success or a final failure), before the answer is sent.
 """
 
 from __future__ import annotations
@@ -87,7 +87,6 @@ class FlaskIdempotency(http.RouteDecorators[View]):
             else:
                 with idem.pool.connection() as conn, conn.transaction():
                     response = flask.make_response(view(*args, conn=conn, **kwargs))
-            self._committed(options, None, response)
             return response
 
         produced: list[flask.Response] = []
@@ -130,13 +129,13 @@ class FlaskIdempotency(http.RouteDecorators[View]):
                 raise
             return _to_flask(answer)
         if isinstance(result, Executed):
-            if http.committed(options, result.reply):
+            if http.stored(result.reply):
                 self._committed(options, flask.g.idempotency, produced[0])
             return produced[0]
         return _to_flask(http.for_result(result))
 
     @staticmethod
-    def _committed(options: http.RouteOptions, context: Optional[KeyContext],
+    def _committed(options: http.RouteOptions, context: KeyContext,
                    response: flask.Response) -> None:
         hook = options.on_committed
         if hook is not None:

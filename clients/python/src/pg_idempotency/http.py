@@ -64,7 +64,8 @@ class RouteOptions:
     keep_writes_on_error: bool = False
     #: runs before the key is claimed; an answer it gives is sent and nothing is stored
     validate: Optional[Callable[..., Any]] = None
-    #: runs after the result is committed, before the answer is sent; its failure is logged
+    #: runs after the result is stored (a success or a final failure), before the answer is
+    #: sent; its failure is logged
     on_committed: Optional[Callable[..., Any]] = None
 
 
@@ -298,8 +299,10 @@ def has_body(status: int) -> bool:
 
 
 def body_unavailable() -> HttpResponse:
-    """A parser consumed the body before the library could read it: never guess."""
-    return problem(500, "idempotency_body_unavailable",
+    """A parser consumed the body before the library could read it: never guess (and say so
+    in the log: it is a setup error)."""
+    logger.error("the request body was read before the idempotency layer could fingerprint it")
+    return problem(500, "idempotency_raw_body_unavailable",
                    "the request body was consumed before the idempotency layer read it; read"
                    " the raw body first (see the integration's documentation)")
 
@@ -365,10 +368,11 @@ def for_result(result: Union[Replayed, InProgress]) -> HttpResponse:
 UNAVAILABLE: tuple[type[Exception], ...] = (psycopg.OperationalError, PoolTimeout)
 
 
-def committed(options: RouteOptions, reply: Reply) -> bool:
-    """Whether a reply the handler gave was stored: same-transaction mode rolls a retryable
-    failure back, lease mode records every reply."""
-    return options.mode == "lease" or not (reply.failed and reply.retryable)
+def stored(reply: Reply) -> bool:
+    """Whether the handler's reply is the key's answer (a success or a final failure), for
+    ``on_committed``: a retryable failure is rolled back (same-transaction mode) or recorded
+    only to be taken over (lease mode)."""
+    return not (reply.failed and reply.retryable)
 
 
 def for_error(error: Exception) -> Optional[HttpResponse]:
@@ -384,12 +388,17 @@ def for_error(error: Exception) -> Optional[HttpResponse]:
                           errors.KeyNotPendingError)):
         return problem(409, "idempotency_attempt_stale",
                        "the idempotency key was taken over while this request ran; its result"
-                       " was not stored")
+                       " was not stored", [("Retry-After", "1")])
     if isinstance(error, errors.DatabaseError) and error.http_status == 503:
         return unavailable("the idempotency store is busy")
     if isinstance(error, errors.InvalidArgumentError):
         return problem(400, "idempotency_key_invalid",
                        "the database refused the idempotency key")
+    if isinstance(error, errors.DatabaseError):
+        logger.error("an idempotency call failed: %s (SQLSTATE %s)", type(error).__name__,
+                     error.sqlstate_received)
+        return problem(500, "idempotency_internal_error",
+                       "the idempotency store failed; retry later")
     return None
 
 

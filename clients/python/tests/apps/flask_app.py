@@ -110,6 +110,16 @@ def create_app() -> flask.Flask:
                            "attempt": context.attempt, "inserted": context.inserted})
         return flask.Response(body, status=201, content_type="application/json")
 
+    @app.before_request
+    def parse_form_first() -> None:
+        if flask.request.path == "/form-first":
+            flask.request.form  # a parser reads the stream without keeping the bytes
+
+    @app.post("/form-first")
+    @idem.transactional(required=True)
+    def form_first(conn: Any) -> flask.Response:
+        return flask.Response(b"{}", status=201, content_type="application/json")
+
     @app.post("/items/<item>")
     @idem.transactional(required=True)
     def item(item: str, conn: Any) -> flask.Response:
