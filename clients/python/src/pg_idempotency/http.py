@@ -390,7 +390,7 @@ def for_error(error: Exception) -> Optional[HttpResponse]:
                        "the idempotency key was taken over while this request ran; its result"
                        " was not stored", [("Retry-After", "1")])
     if isinstance(error, errors.DatabaseError) and error.http_status == 503:
-        return unavailable("the idempotency store is busy")
+        return unavailable("the idempotency store is busy", error.retry_after_s)
     if isinstance(error, errors.InvalidArgumentError):
         return problem(400, "idempotency_key_invalid",
                        "the database refused the idempotency key")
@@ -402,9 +402,9 @@ def for_error(error: Exception) -> Optional[HttpResponse]:
     return None
 
 
-def unavailable(detail: str) -> HttpResponse:
+def unavailable(detail: str, retry_after_s: int = 1) -> HttpResponse:
     return problem(503, "idempotency_unavailable", detail + "; retry later",
-                   [("Retry-After", "1")])
+                   [("Retry-After", str(retry_after_s))])
 
 
 def run_hook(hook: Callable[[], Any], name: str) -> None:
