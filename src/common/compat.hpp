@@ -110,6 +110,18 @@ begin_index_bitmap_scan(Relation index, Snapshot snapshot, int nkeys)
 #endif
 }
 
+// ---- bitmap heap scans (17 asks whether the tuples are needed: they are)
+
+inline TableScanDesc
+begin_bitmap_heap_scan(Relation rel, Snapshot snapshot)
+{
+#if PG_VERSION_NUM >= 170000 && PG_VERSION_NUM < 180000
+	return table_beginscan_bm(rel, snapshot, 0, nullptr, true);
+#else
+	return table_beginscan_bm(rel, snapshot, 0, nullptr);
+#endif
+}
+
 // ---- BRIN's range map (17 dropped the snapshot argument, used only by old_snapshot_threshold)
 
 inline BrinRevmap *
@@ -151,7 +163,7 @@ inline int
 proc_number(const PGPROC *proc)
 {
 #if PG_VERSION_NUM >= 170000
-	return GetNumberFromPGProc(proc);
+	return static_cast<int>(GetNumberFromPGProc(proc));
 #else
 	return proc->pgprocno;
 #endif
