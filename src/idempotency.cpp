@@ -1,11 +1,12 @@
 // Module entry: the library's magic block and its load-time setup.
 #include "access/catalog.hpp"
-#include "access/keytable.hpp"
+#include "access/writememo.hpp"
 #include "common/pg.hpp"
 #include "common/settings.hpp"
 #include "core/wait.hpp"
+#include "stats/dbstats.hpp"
 #include "stats/scopestats.hpp"
-#include "stats/stats.hpp"
+#include "worker/reapers.hpp"
 #include "worker/worker.hpp"
 
 extern "C" {
@@ -21,14 +22,16 @@ _PG_init(void)
 		return;
 	idem::define_settings();
 	idem::catalog_register_invalidation();
-	idem::keytable_register_callbacks();
+	idem::writememo_register_callbacks();
 	idem::wait_register_callbacks();
-	// Shared memory (idem_stats, idem_scope_stats, waking waiting claims) and the background reaper exist only when preloaded.
+	// Shared memory (idem_stats, idem_scope_stats, waking waiting claims, which reaper serves which
+	// database) and the background reaper exist only when preloaded.
 	if (process_shared_preload_libraries_in_progress)
 	{
-		idem::stats_request_shmem();
+		idem::db_stats_request_shmem();
 		idem::scope_stats_request_shmem();
 		idem::wait_request_shmem();
+		idem::reapers_request_shmem();
 		idem::worker_register();
 	}
 }

@@ -7,9 +7,9 @@
 
 namespace idem {
 
-// The public columns of idem_keys (SPEC §1 and §9.7), in their documented order. The columns
-// from COL_RESPONSE_BODY on came with 1.2: until ALTER EXTENSION UPDATE adds them, a 1.1 table
-// lacks them, and they read as NULL and are not written.
+// The public columns of idem_keys (docs/contract.md §1 and §9.7), in their documented order. The
+// columns from COL_RESPONSE_BODY on came with 1.2: until ALTER EXTENSION UPDATE adds them, a 1.1
+// table lacks them, and they read as NULL and are not written.
 enum Column
 {
 	COL_SCOPE,

@@ -1,11 +1,7 @@
 #include "access/keytable.hpp"
 
 #include "access/lockwait.hpp"
-
-extern "C" {
-#include "access/brin_revmap.h"
-#include "catalog/pg_am_d.h"
-}
+#include "access/writememo.hpp"
 
 namespace idem {
 
@@ -253,21 +249,6 @@ keytable_find_latest_until(KeyTable *kt, Datum scope, Datum key, TimestampTz dea
 	return find_latest(kt, scope, key, &deadline);
 }
 
-Found
-keytable_probe_until(const Catalog *catalog, Datum scope, Datum key, TimestampTz deadline)
-{
-	KeyTable kt;
-	memset(&kt, 0, sizeof(kt));
-	kt.catalog = *catalog;
-	// The lock the SQL path's INSERT takes next: no upgrade.
-	kt.lockmode = RowExclusiveLock;
-	kt.rel = table_open(catalog->relid, kt.lockmode);
-	kt.pkey = index_open(catalog->pkey_oid, kt.lockmode);
-	kt.found = table_slot_create(kt.rel, nullptr);
-	Found found = find_latest(&kt, scope, key, &deadline);
-	keytable_close(&kt);
-	return found;
-}
 
 bool
 keytable_find_visible(KeyTable *kt, Datum scope, Datum key, Snapshot snapshot)
@@ -281,180 +262,11 @@ keytable_find_visible(KeyTable *kt, Datum scope, Datum key, Snapshot snapshot)
 	return found;
 }
 
-// The row version this backend wrote last: its table's storage, transaction, place and key.
-// Forgotten when a subtransaction aborts (the version may then be vacuumed away, page and all);
-// a new transaction or new storage (TRUNCATE in this transaction) no longer matches.
-static struct
-{
-	Oid relid;
-	RelFileNode node;
-	TransactionId xid;
-	ItemPointerData tid;
-	int scope_len;
-	int key_len;
-	char bytes[2048 + 256]; // scope then key; longer ones are not remembered
-} own_last;
-
-// The versions this transaction wrote in its last batch of claims, in key order (the order a
-// batch takes its keys in), so that completing the batch in the same transaction finds them
-// without the index, as own_last does for one key. Kept in TopTransactionContext; forgotten like
-// own_last, and at the end of the transaction.
-static struct
-{
-	Oid relid;
-	RelFileNode node;
-	TransactionId xid;
-	text *scope;
-	int n;
-	int capacity;
-	text **keys;
-	ItemPointerData *tids;
-} batch_written;
-
-static void
-forget_written(SubXactEvent event, SubTransactionId, SubTransactionId, void *)
-{
-	if (event == SUBXACT_EVENT_ABORT_SUB)
-	{
-		own_last.relid = InvalidOid;
-		batch_written.relid = InvalidOid;
-	}
-}
-
-static void
-forget_batch_written(XactEvent, void *)
-{
-	// Its memory goes with the transaction's.
-	batch_written.relid = InvalidOid;
-	batch_written.keys = nullptr;
-	batch_written.tids = nullptr;
-}
-
-void
-keytable_register_callbacks()
-{
-	RegisterSubXactCallback(forget_written, nullptr);
-	RegisterXactCallback(forget_batch_written, nullptr);
-}
-
-static void
-remember_written(KeyTable *kt, Datum scope, Datum key)
-{
-	text *s = DatumGetTextPP(scope);
-	text *k = DatumGetTextPP(key);
-	int slen = VARSIZE_ANY_EXHDR(s), klen = VARSIZE_ANY_EXHDR(k);
-	own_last.relid = InvalidOid;
-	if (slen + klen > (int) sizeof(own_last.bytes))
-		return;
-	memcpy(own_last.bytes, VARDATA_ANY(s), slen);
-	memcpy(own_last.bytes + slen, VARDATA_ANY(k), klen);
-	own_last.scope_len = slen;
-	own_last.key_len = klen;
-	own_last.tid = kt->written->tts_tid;
-	own_last.xid = GetTopTransactionId();
-	own_last.node = kt->rel->rd_node;
-	own_last.relid = RelationGetRelid(kt->rel);
-}
-
-bool
-keytable_wrote_last(KeyTable *kt, Datum scope, Datum key)
-{
-	if (own_last.relid != RelationGetRelid(kt->rel) || own_last.xid != GetTopTransactionIdIfAny() ||
-	    !RelFileNodeEquals(own_last.node, kt->rel->rd_node))
-		return false;
-	text *s = DatumGetTextPP(scope);
-	text *k = DatumGetTextPP(key);
-	return (int) VARSIZE_ANY_EXHDR(s) == own_last.scope_len && (int) VARSIZE_ANY_EXHDR(k) == own_last.key_len &&
-	       memcmp(own_last.bytes, VARDATA_ANY(s), own_last.scope_len) == 0 &&
-	       memcmp(own_last.bytes + own_last.scope_len, VARDATA_ANY(k), own_last.key_len) == 0;
-}
-
-static int
-compare_bytes(const char *a, int alen, const char *b, int blen)
-{
-	int c = memcmp(a, b, Min(alen, blen));
-	return c != 0 ? c : (alen > blen) - (alen < blen);
-}
-
-void
-keytable_batch_begin(KeyTable *kt, Datum scope, int nkeys)
-{
-	MemoryContext old = MemoryContextSwitchTo(TopTransactionContext);
-	batch_written.relid = InvalidOid;
-	batch_written.scope = DatumGetTextPCopy(scope);
-	batch_written.n = 0;
-	batch_written.capacity = nkeys;
-	batch_written.keys = (text **) palloc(sizeof(text *) * Max(nkeys, 1));
-	batch_written.tids = (ItemPointerData *) palloc(sizeof(ItemPointerData) * Max(nkeys, 1));
-	MemoryContextSwitchTo(old);
-	batch_written.xid = GetTopTransactionIdIfAny();
-	batch_written.node = kt->rel->rd_node;
-	batch_written.relid = RelationGetRelid(kt->rel);
-}
-
-void
-keytable_batch_note(KeyTable *kt, Datum scope, Datum key)
-{
-	if (batch_written.relid != RelationGetRelid(kt->rel) || batch_written.n >= batch_written.capacity ||
-	    !keytable_wrote_last(kt, scope, key))
-		return;
-	// The batch began before its first write gave the transaction an id.
-	if (!TransactionIdIsValid(batch_written.xid))
-		batch_written.xid = own_last.xid;
-	if (batch_written.xid != own_last.xid)
-		return;
-	text *k = DatumGetTextPP(key);
-	if (batch_written.n > 0)
-	{
-		const text *prev = batch_written.keys[batch_written.n - 1];
-		if (compare_bytes(VARDATA_ANY(prev), VARSIZE_ANY_EXHDR(prev), VARDATA_ANY(k), VARSIZE_ANY_EXHDR(k)) >= 0)
-			return; // not in key order: left to the index
-	}
-	batch_written.keys[batch_written.n] =
-	    (text *) MemoryContextAlloc(TopTransactionContext, VARSIZE_ANY(k));
-	memcpy(batch_written.keys[batch_written.n], k, VARSIZE_ANY(k));
-	batch_written.tids[batch_written.n] = own_last.tid;
-	batch_written.n++;
-}
-
-// Where the last batch of claims wrote (scope, key), if it did, in this transaction.
-static bool
-batch_wrote(KeyTable *kt, Datum scope, Datum key, ItemPointerData *tid)
-{
-	if (batch_written.relid != RelationGetRelid(kt->rel) || batch_written.xid != GetTopTransactionIdIfAny() ||
-	    !RelFileNodeEquals(batch_written.node, kt->rel->rd_node))
-		return false;
-	text *s = DatumGetTextPP(scope);
-	const text *bs = batch_written.scope;
-	if (compare_bytes(VARDATA_ANY(s), VARSIZE_ANY_EXHDR(s), VARDATA_ANY(bs), VARSIZE_ANY_EXHDR(bs)) != 0)
-		return false;
-	text *k = DatumGetTextPP(key);
-	int lo = 0, hi = batch_written.n - 1;
-	while (lo <= hi)
-	{
-		int mid = lo + (hi - lo) / 2;
-		const text *m = batch_written.keys[mid];
-		int c = compare_bytes(VARDATA_ANY(k), VARSIZE_ANY_EXHDR(k), VARDATA_ANY(m), VARSIZE_ANY_EXHDR(m));
-		if (c == 0)
-		{
-			*tid = batch_written.tids[mid];
-			return true;
-		}
-		if (c < 0)
-			hi = mid - 1;
-		else
-			lo = mid + 1;
-	}
-	return false;
-}
-
 bool
 keytable_find_own_last(KeyTable *kt, Datum scope, Datum key)
 {
 	ItemPointerData tid;
-	if (keytable_wrote_last(kt, scope, key))
-		tid = own_last.tid;
-	else if (!batch_wrote(kt, scope, key, &tid))
+	if (!writememo_find(kt, scope, key, &tid))
 		return false;
 	// Visible to a dirty snapshot and written by this transaction: not updated or deleted since,
 	// nor rolled back with a subtransaction; nobody else can have a newer version of our row.
@@ -626,7 +438,7 @@ keytable_insert(KeyTable *kt, const KeyRow *row)
 	else
 		SpeculativeInsertionLockRelease(xid);
 	if (inserted)
-		remember_written(kt, row->value[COL_SCOPE], row->value[COL_KEY]);
+		writememo_remember(kt, row->value[COL_SCOPE], row->value[COL_KEY]);
 	return inserted;
 }
 
@@ -658,7 +470,7 @@ keytable_update(KeyTable *kt, const KeyRow *row)
 			// A HOT update needs no new index entries.
 			if (update_indexes)
 				insert_index_entries(kt, false);
-			remember_written(kt, row->value[COL_SCOPE], row->value[COL_KEY]);
+			writememo_remember(kt, row->value[COL_SCOPE], row->value[COL_KEY]);
 			return result;
 		case TM_Updated:
 		case TM_Deleted:
@@ -708,168 +520,6 @@ keytable_delete_unless_busy(KeyTable *kt)
 	return result == TM_Ok;
 }
 
-// Where this backend's last bitmap expiry scan stopped, for the table with this storage.
-static RelFileNode expiry_resume_node;
-static BlockNumber expiry_resume_block = 0;
-
-void
-keytable_expiry_begin(KeyTable *kt, ExpiryScan *es, TimestampTz until, Snapshot snapshot)
-{
-	memset(es, 0, sizeof(*es));
-	es->until = until;
-	ScanKeyData key = kt->catalog.expiry_scankey;
-	key.sk_argument = TimestampTzGetDatum(until);
-	if (kt->expiry->rd_indam->amgettuple != nullptr)
-	{
-		es->scan = index_beginscan(kt->rel, kt->expiry, snapshot, 1, 0);
-		index_rescan(es->scan, &key, 1, nullptr, 0);
-		return;
-	}
-	IndexScanDesc scan = index_beginscan_bitmap(kt->expiry, snapshot, 1);
-	index_rescan(scan, &key, 1, nullptr, 0);
-	es->bitmap = tbm_create(work_mem * INT64CONST(1024), nullptr);
-	index_getbitmap(scan, es->bitmap);
-	index_endscan(scan);
-	es->heap = table_beginscan_bm(kt->rel, snapshot, 0, nullptr);
-	es->iterator = tbm_begin_iterate(es->bitmap);
-	bool same_storage = RelFileNodeEquals(expiry_resume_node, kt->rel->rd_node);
-	es->start = same_storage ? expiry_resume_block : 0;
-}
-
-// The next page of the bitmap in this sweep, read; false when both sweeps are done.
-static bool
-next_expiry_page(ExpiryScan *es)
-{
-	for (;;)
-	{
-		es->page = tbm_iterate(es->iterator);
-		if (es->page == nullptr || (es->second_sweep && es->page->blockno >= es->start))
-		{
-			if (es->second_sweep || es->start == 0)
-				return false;
-			tbm_end_iterate(es->iterator);
-			es->iterator = tbm_begin_iterate(es->bitmap);
-			es->second_sweep = true;
-			continue;
-		}
-		if (!es->second_sweep && es->page->blockno < es->start)
-			continue;
-		if (table_scan_bitmap_next_block(es->heap, es->page))
-			return true;
-	}
-}
-
-bool
-keytable_expiry_next(KeyTable *kt, ExpiryScan *es)
-{
-	if (es->scan != nullptr)
-		return index_getnext_slot(es->scan, ForwardScanDirection, kt->found);
-	for (;;)
-	{
-		if (es->page == nullptr && !next_expiry_page(es))
-			return false;
-		if (!table_scan_bitmap_next_tuple(es->heap, es->page, kt->found))
-		{
-			es->page = nullptr;
-			continue;
-		}
-		// The bitmap is lossy: a page of a summarized range may hold keys that expire later.
-		bool isnull;
-		Datum expires = slot_getattr(kt->found, kt->catalog.attnum[COL_EXPIRES_AT], &isnull);
-		if (!isnull && DatumGetTimestampTz(expires) <= es->until)
-		{
-			expiry_resume_node = kt->rel->rd_node;
-			expiry_resume_block = ItemPointerGetBlockNumber(&kt->found->tts_tid);
-			return true;
-		}
-	}
-}
-
-void
-keytable_expiry_end(ExpiryScan *es)
-{
-	if (es->scan != nullptr)
-	{
-		index_endscan(es->scan);
-		return;
-	}
-	table_endscan(es->heap);
-	tbm_end_iterate(es->iterator);
-	tbm_free(es->bitmap);
-}
-
-// Is the range that starts at this block summarized (or being summarized right now)?
-static bool
-range_summarized(BrinRevmap *revmap, BlockNumber start, Buffer *buf)
-{
-	OffsetNumber off;
-	BrinTuple *summary =
-	    brinGetTupleForHeapBlock(revmap, start, buf, &off, nullptr, BUFFER_LOCK_SHARE, nullptr);
-	if (summary == nullptr)
-		return false;
-	LockBuffer(*buf, BUFFER_LOCK_UNLOCK);
-	return true;
-}
-
-static int
-summarize_new_ranges(Relation rel, Relation index)
-{
-	if (index->rd_rel->relam != BRIN_AM_OID)
-		return 0;
-
-	// Autosummarization and vacuum summarize in table order, so the ranges without a summary are
-	// the newest ones: walk back from the last complete range to the first summarized one. The
-	// last, partial, range stays unsummarized: a summary of it would make every insert there
-	// widen the summary, an index write per claim.
-	BlockNumber per_range;
-	BrinRevmap *revmap = brinRevmapInitialize(index, &per_range, nullptr);
-	BlockNumber complete_end = RelationGetNumberOfBlocks(rel) / per_range * per_range;
-	BlockNumber first_new = complete_end;
-	Buffer buf = InvalidBuffer;
-	while (first_new > 0 && !range_summarized(revmap, first_new - per_range, &buf))
-		first_new -= per_range;
-	if (BufferIsValid(buf))
-		ReleaseBuffer(buf);
-	brinRevmapTerminate(revmap);
-	if (first_new == complete_end)
-		return 0;
-
-	// The lock that summarizing takes conflicts with vacuum's and with itself, never with DML.
-	if (!ConditionalLockRelation(rel, ShareUpdateExclusiveLock))
-		return 0;
-	// brin_summarize_range asks for the index's owner, as VACUUM would; reaping is what a
-	// caller with DELETE on idem_keys may do, and this is part of it.
-	Oid saved_user;
-	int saved_context;
-	GetUserIdAndSecContext(&saved_user, &saved_context);
-	SetUserIdAndSecContext(rel->rd_rel->relowner, saved_context | SECURITY_RESTRICTED_OPERATION);
-	int summarized = 0;
-	for (BlockNumber start = first_new; start < complete_end; start += per_range)
-		summarized += DatumGetInt32(DirectFunctionCall2(brin_summarize_range,
-		                                                ObjectIdGetDatum(RelationGetRelid(index)),
-		                                                Int64GetDatum(static_cast<int64>(start))));
-	SetUserIdAndSecContext(saved_user, saved_context);
-	UnlockRelation(rel, ShareUpdateExclusiveLock);
-	return summarized;
-}
-
-int
-keytable_summarize_new_ranges(KeyTable *kt)
-{
-	return summarize_new_ranges(kt->rel, kt->expiry);
-}
-
-int
-keytable_summarize_new_ranges_unopened(const Catalog *catalog)
-{
-	// The lock the SQL path's DELETE takes next: no upgrade.
-	Relation rel = table_open(catalog->relid, RowExclusiveLock);
-	Relation index = index_open(catalog->expiry_oid, RowExclusiveLock);
-	int summarized = summarize_new_ranges(rel, index);
-	index_close(index, NoLock);
-	table_close(rel, NoLock);
-	return summarized;
-}
 
 Datum
 keytable_found_datum(KeyTable *kt)

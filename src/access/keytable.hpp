@@ -1,6 +1,7 @@
 // The table access layer: idem_keys and its indexes through PostgreSQL's table and index access
 // methods, with no executor, SPI or SQL. It knows rows and versions, not key states: the rules of
-// claim/complete/fail/reap live in core/keystate.cpp.
+// claim/complete/fail/reap live in core/rules.cpp. Its memo of the backend's last writes is
+// access/writememo.hpp, the expiry scan access/expiry.hpp.
 #pragma once
 
 #include "access/catalog.hpp"
@@ -76,24 +77,6 @@ enum class Found
 };
 Found keytable_find_latest_until(KeyTable *kt, Datum scope, Datum key, TimestampTz deadline);
 
-// For the SQL path (row-level security), whose INSERT ... ON CONFLICT cannot be told not to wait:
-// keytable_find_latest_until on a table keytable_open left closed, reading no column (the caller
-// learns only whether another transaction holds the key, as the INSERT's wait would show it).
-Found keytable_probe_until(const Catalog *catalog, Datum scope, Datum key, TimestampTz deadline);
-
-// At load time: forget the row version this backend wrote last when its subtransaction aborts.
-void keytable_register_callbacks();
-
-// Whether the key is the one this transaction wrote last (in this backend, not rolled back with a
-// subtransaction); reads nothing.
-bool keytable_wrote_last(KeyTable *kt, Datum scope, Datum key);
-
-// A batch of claims in key order: keytable_batch_begin before the first, keytable_batch_note after
-// each claim (it remembers where the key was written, if the claim wrote it), so that
-// keytable_find_own_last finds the batch's keys too (a batch completed in the same transaction).
-void keytable_batch_begin(KeyTable *kt, Datum scope, int nkeys);
-void keytable_batch_note(KeyTable *kt, Datum scope, Datum key);
-
 // keytable_find_latest for a key this transaction wrote last, or in its last batch of claims,
 // without the index: true with that version in kt->found when it is still the newest one (the
 // common claim-then-complete in one transaction); false means "use keytable_find_latest".
@@ -140,37 +123,6 @@ TM_Result keytable_delete(KeyTable *kt);
 
 // Deletes the version in kt->found unless another transaction holds or changed it: never waits.
 bool keytable_delete_unless_busy(KeyTable *kt);
-
-// Walks the keys with expires_at <= until that an MVCC snapshot sees. With an ordered index
-// (btree) oldest first; with a summarizing one (BRIN) in block order, starting where this
-// backend's previous scan stopped, so that successive batches do not pass over the pages they
-// emptied.
-struct ExpiryScan
-{
-	TimestampTz until;
-	IndexScanDesc scan;          // ordered index scan
-	TIDBitmap *bitmap;           // bitmap heap scan
-	TBMIterator *iterator;
-	TBMIterateResult *page;
-	TableScanDesc heap;
-	BlockNumber start;           // first sweep: blocks >= start; second sweep: blocks < start
-	bool second_sweep;
-};
-void keytable_expiry_begin(KeyTable *kt, ExpiryScan *es, TimestampTz until, Snapshot snapshot);
-bool keytable_expiry_next(KeyTable *kt, ExpiryScan *es);
-void keytable_expiry_end(ExpiryScan *es);
-
-// Summarizes the complete block ranges at the end of the table that the BRIN index of expires_at
-// does not summarize yet, so that the expiry scan skips them until their keys expire. Cost: one
-// index lookup when there is nothing to do, else the new ranges only. Takes the table's
-// ShareUpdateExclusiveLock for the summarizing only, and only when it is free at once (a vacuum
-// holding it summarizes them itself); claims (RowExclusiveLock) are never blocked by it. Returns
-// the ranges summarized.
-int keytable_summarize_new_ranges(KeyTable *kt);
-// The same for the SQL path (row-level security), on a table keytable_open left closed. The
-// ranges hold every scope's keys, but summarizing reads and changes no row and tells the caller
-// nothing of them: the maintenance any reaper's DELETE privilege allows, as on the direct path.
-int keytable_summarize_new_ranges_unopened(const Catalog *catalog);
 
 // The version in kt->found, or the tuple last written, as a composite datum of idem_keys' row type.
 Datum keytable_found_datum(KeyTable *kt);

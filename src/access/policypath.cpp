@@ -206,4 +206,20 @@ policy_reap(PolicySql *ps, TimestampTz now, int32 max_rows)
 	return (int64) SPI_processed;
 }
 
+Found
+policy_probe_until(const Catalog *catalog, Datum scope, Datum key, TimestampTz deadline)
+{
+	KeyTable kt;
+	memset(&kt, 0, sizeof(kt));
+	kt.catalog = *catalog;
+	// The lock the SQL path's INSERT takes next: no upgrade.
+	kt.lockmode = RowExclusiveLock;
+	kt.rel = table_open(catalog->relid, kt.lockmode);
+	kt.pkey = index_open(catalog->pkey_oid, kt.lockmode);
+	kt.found = table_slot_create(kt.rel, nullptr);
+	Found found = keytable_find_latest_until(&kt, scope, key, deadline);
+	keytable_close(&kt);
+	return found;
+}
+
 } // namespace idem

@@ -39,4 +39,9 @@ bool policy_delete(PolicySql *ps, const KeyRow *old);
 // Deletes up to max_rows expired keys, skipping locked rows and live leases.
 int64 policy_reap(PolicySql *ps, TimestampTz now, int32 max_rows);
 
+// INSERT ... ON CONFLICT cannot be told not to wait: keytable_find_latest_until on a table
+// keytable_open left closed, reading no column (the caller learns only whether another
+// transaction holds the key, as the INSERT's wait would show it).
+Found policy_probe_until(const Catalog *catalog, Datum scope, Datum key, TimestampTz deadline);
+
 } // namespace idem

@@ -1,4 +1,5 @@
-// The SQL-callable functions: argument checks (SPEC §4), then the key-state logic in core/.
+// The SQL-callable functions: argument checks (docs/contract.md §4), then the key-state logic in
+// core/.
 #include "common/guard.hpp"
 #include "common/settings.hpp"
 #include "core/keystate.hpp"
@@ -32,7 +33,7 @@ argument_name(const char *name, const int *element)
 	return psprintf("element %d of argument \"%s\"", *element, name);
 }
 
-// SPEC §4 for one key: argument `name`, or its element `*element`.
+// docs/contract.md §4 for one key: argument `name`, or its element `*element`.
 void
 check_key(text *key, const char *name, const int *element = nullptr)
 {
@@ -85,8 +86,8 @@ duration_arg(FunctionCallInfo fcinfo, int arg, const char *name)
 	return value;
 }
 
-// SPEC §9.3: from 0 (never block on another transaction) to 1 hour; NULL waits as 1.1 did.
-// Checked on the calendar like the other intervals.
+// docs/contract.md §9.3: from 0 (never block on another transaction) to 1 hour; NULL waits as 1.1
+// did. Checked on the calendar like the other intervals.
 const Interval *
 wait_arg(FunctionCallInfo fcinfo, int arg)
 {
@@ -399,7 +400,8 @@ per_key_array_arg(FunctionCallInfo fcinfo, int arg, const char *name, Oid elemen
 	return true;
 }
 
-// Every key checked (SPEC §4) before anything is read or written; an error names the element.
+// Every key checked (docs/contract.md §4) before anything is read or written; an error names the
+// element.
 void
 keys_arg(FunctionCallInfo fcinfo, int arg, ArrayArg *keys, int **position)
 {

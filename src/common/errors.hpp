@@ -1,8 +1,8 @@
-// The extension's own SQLSTATEs (SPEC §5). Class IK: idempotency keys.
+// The extension's own SQLSTATEs (docs/contract.md §5). Class IK: idempotency keys.
 #pragma once
 //
 // The extension's own errors carry errhidestmt(true): the failing statement's text may hold a
-// request or response body, and no server log line may (SPEC §4).
+// request or response body, and no server log line may (docs/contract.md §4).
 
 #include "common/pg.hpp"
 

@@ -1,4 +1,4 @@
-// The extension's settings (SPEC §6), defined by _PG_init.
+// The extension's settings (docs/contract.md §6), defined by _PG_init.
 #pragma once
 
 namespace idem {

@@ -1,6 +1,7 @@
-// The key-state machine of SPEC §2 and §9: claim, complete, fail, extend, release, forget, lookup
-// and reap. Arguments arrive
-// validated (api/); rows are read and written through the access layer (access/).
+// The key-state machine of docs/contract.md §2 and §9: claim, complete, fail, extend, release,
+// forget, lookup and reap (core/keystate.cpp), and their batches (core/batch.cpp). Arguments arrive
+// validated (api/); the rules are core/rules.cpp; rows are read and written through core/path.hpp,
+// which chooses the way to the access layer (access/).
 #pragma once
 
 #include "access/keytable.hpp"

@@ -1,6 +1,6 @@
-// Waiting for an in-flight duplicate in lease mode (SPEC §9.3): a claim that finds a committed
-// pending key with a live lease sleeps on a condition variable until the key's owner commits a
-// change to it (finish, release, forget), the lease ends, or the claim's `wait` runs out.
+// Waiting for an in-flight duplicate in lease mode (docs/contract.md §9.3): a claim that finds a
+// committed pending key with a live lease sleeps on a condition variable until the key's owner
+// commits a change to it (finish, release, forget), the lease ends, or the claim's `wait` runs out.
 //
 // The condition variables are a fixed array in shared memory, a key hashed to one of them with
 // its database and scope; several keys share one, so a wake-up means "look again", never "it

@@ -1,23 +1,17 @@
 #include "stats/scopestats.hpp"
 
-#include "access/catalog.hpp"
-#include "common/guard.hpp"
 #include "common/settings.hpp"
-#include "stats/stats.hpp"
+#include "stats/dbstats.hpp"
 
 extern "C" {
-#include "catalog/pg_authid.h"
 #include "common/hashfn.h"
-#include "funcapi.h"
 #include "port/atomics.h"
 #include "port/pg_bitutils.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/proc.h"
 #include "storage/shmem.h"
-#include "utils/acl.h"
 #include "utils/hsearch.h"
-#include "utils/rls.h"
 }
 
 #include <algorithm>
@@ -41,7 +35,7 @@ namespace idem {
 // then times 0.99 (pg_stat_statements' decay): activity long ago fades, so a scope busy once does
 // not hold its entry for ever, yet a run of one-claim scopes does not push out a busy one.
 // Computed from the counters during the eviction, so counting writes no usage field.
-static constexpr int max_scope_bytes = 255; // SPEC §4
+static constexpr int max_scope_bytes = 255; // docs/contract.md §4
 static constexpr int stripes = 4;
 static constexpr int buckets_per_octave = 4;
 static constexpr int num_buckets = 32 * buckets_per_octave; // 1 µs to 2^32 µs (71 minutes)
@@ -266,7 +260,7 @@ evict()
 	{
 		Oid dboid = entries[i]->key.dboid;
 		remove_entry(entries[i]);
-		stats_dealloc(dboid, 1);
+		db_stats_dealloc(dboid, 1);
 	}
 	pfree(entries);
 }
@@ -477,40 +471,15 @@ scope_stats_work_times(Datum scope, int64 *p90_us, int64 *p99_us)
 	return true;
 }
 
-// Whether the current user may see every scope's row: pg_read_all_stats, or SELECT on
-// idem_keys.scope without row-level security hiding rows (a tenant role that policies confine
-// to its own rows must not learn the other tenants' scope names here).
-static bool
-sees_all_scopes()
+bool
+scope_stats_enabled()
 {
-	Oid user = GetUserId();
-	if (has_privs_of_role(user, ROLE_PG_READ_ALL_STATS))
-		return true;
-	const Catalog *c = catalog_get();
-	Oid relid = c->relid;
-	AttrNumber scope_att = c->attnum[COL_SCOPE];
-	bool reads_scope = pg_class_aclcheck(relid, user, ACL_SELECT) == ACLCHECK_OK ||
-	                   pg_attribute_aclcheck(relid, scope_att, user, ACL_SELECT) == ACLCHECK_OK;
-	return reads_scope &&
-	       check_enable_rls(relid, InvalidOid, true) != RLS_ENABLED;
+	return shared != nullptr;
 }
 
-} // namespace idem
-
-using namespace idem;
-
-// idem_scope_stats_get(): the rows of idem_scope_stats for the current database, those the
-// caller may see (sees_all_scopes: every scope; otherwise none). No rows without shared memory.
-IDEM_SQL_FUNCTION(idem_scope_stats_get)
+void
+scope_stats_each(ScopeRowEmit emit, void *arg)
 {
-	InitMaterializedSRF(fcinfo, 0);
-	ReturnSetInfo *rsinfo = reinterpret_cast<ReturnSetInfo *>(fcinfo->resultinfo);
-	constexpr int ncols = 1 + scope_counter_count + 3;
-	if (rsinfo->setDesc->natts != ncols)
-		elog(ERROR, "idempotency: idem_scope_stats_get() must return %d columns", ncols);
-	if (shared == nullptr || !sees_all_scopes())
-		PG_RETURN_VOID();
-
 	LWLockAcquire(shared->lock, LW_SHARED);
 	HASH_SEQ_STATUS seq;
 	hash_seq_init(&seq, scopes);
@@ -519,38 +488,35 @@ IDEM_SQL_FUNCTION(idem_scope_stats_get)
 		if (e->key.dboid != MyDatabaseId)
 			continue;
 		ScopeData *d = &shared->data[e->slot];
-		Datum values[ncols];
-		bool nulls[ncols] = {};
-		int col = 0;
-		values[col++] = PointerGetDatum(cstring_to_text_with_len(e->key.scope, static_cast<int>(e->key.len)));
+		ScopeRow row;
+		row.scope = e->key.scope;
+		row.len = static_cast<int>(e->key.len);
 		for (int c = 0; c < scope_counter_count; c++)
-			values[col++] = Int64GetDatum(static_cast<int64>(sum_count(d, static_cast<Counter>(c))));
+			row.count[c] = sum_count(d, static_cast<Counter>(c));
 		uint64 counts[num_buckets];
 		uint64 total = merged_histogram(d, counts);
-		for (double q : {0.50, 0.90, 0.99})
-		{
-			nulls[col] = (total == 0);
-			values[col++] = total == 0 ? (Datum) 0 : Float8GetDatum(quantile_us(counts, total, q) / 1000.0);
-		}
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		row.has_times = total != 0;
+		int q = 0;
+		for (double quantile : {0.50, 0.90, 0.99})
+			row.work_ms[q++] = total == 0 ? 0 : quantile_us(counts, total, quantile) / 1000.0;
+		emit(arg, &row);
 	}
 	LWLockRelease(shared->lock);
-	PG_RETURN_VOID();
 }
 
-// idem_scope_stats_reset(): forget the current database's scopes.
-IDEM_SQL_FUNCTION(idem_scope_stats_reset)
+void
+scope_stats_forget_database()
 {
-	if (shared != nullptr)
-	{
-		LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-		HASH_SEQ_STATUS seq;
-		hash_seq_init(&seq, scopes);
-		// dynahash allows removing the entry just returned by a sequential scan
-		for (ScopeEntry *e; (e = static_cast<ScopeEntry *>(hash_seq_search(&seq))) != nullptr;)
-			if (e->key.dboid == MyDatabaseId)
-				remove_entry(e);
-		LWLockRelease(shared->lock);
-	}
-	PG_RETURN_VOID();
+	if (shared == nullptr)
+		return;
+	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+	HASH_SEQ_STATUS seq;
+	hash_seq_init(&seq, scopes);
+	// dynahash allows removing the entry just returned by a sequential scan
+	for (ScopeEntry *e; (e = static_cast<ScopeEntry *>(hash_seq_search(&seq))) != nullptr;)
+		if (e->key.dboid == MyDatabaseId)
+			remove_entry(e);
+	LWLockRelease(shared->lock);
 }
+
+} // namespace idem

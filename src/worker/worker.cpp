@@ -12,7 +12,7 @@
 // Crash and restart: the launcher has a restart interval, so the postmaster starts it again after a
 // crash; reapers are BGW_NEVER_RESTART (the postmaster forgets them in a crash) and the fresh
 // launcher starts them again. Which reaper serves which database is recorded in shared memory
-// (stats_claim_reaper), so a restarted launcher never doubles a reaper that is still running.
+// (reaper_claim), so a restarted launcher never doubles a reaper that is still running.
 //
 // These functions are entered from PostgreSQL (extern "C" main functions, a utility hook) and
 // follow common/guard.hpp: no C++ objects with destructors, no exceptions escaping.
@@ -21,7 +21,7 @@
 #include "common/guard.hpp"
 #include "common/settings.hpp"
 #include "core/keystate.hpp"
-#include "stats/stats.hpp"
+#include "worker/reapers.hpp"
 
 extern "C" {
 #include "catalog/pg_database.h"
@@ -250,7 +250,7 @@ launch_reapers(MemoryContext scratch)
 	for (int i = 0; i < n; i++)
 	{
 		Tracked *t = tracked_for(dbs[i].dboid);
-		if (t == nullptr || running(t) || stats_reaper_pid(dbs[i].dboid) != 0)
+		if (t == nullptr || running(t) || reaper_pid(dbs[i].dboid) != 0)
 			continue;
 		start_reaper(t, NameStr(dbs[i].datname));
 	}
@@ -351,7 +351,7 @@ reaper_main(Oid dboid)
 	my_datname = MemoryContextStrdup(TopMemoryContext, name != nullptr ? name : "?");
 	CommitTransactionCommand();
 
-	if (!stats_claim_reaper(dboid))
+	if (!reaper_claim(dboid))
 	{
 		ereport(DEBUG1, (errmsg("idempotency reaper: database \"%s\" already has a reaper", my_datname)));
 		proc_exit(0);
@@ -423,7 +423,7 @@ utility_hook(PlannedStmt *pstmt, const char *query_string, bool read_only_tree,
 		// Only for someone who may do this to the database: nobody else stops a reaper.
 		if (OidIsValid(dboid) && pg_database_ownercheck(dboid, GetUserId()))
 		{
-			int pid = stats_reaper_pid(dboid);
+			int pid = reaper_pid(dboid);
 			if (pid != 0)
 				(void) kill(pid, SIGTERM);
 		}

@@ -1,4 +1,4 @@
-// The background reaper (SPEC §8): a launcher, and one reaper per database that has the
+// The background reaper (docs/contract.md §8): a launcher, and one reaper per database that has the
 // extension (or per database in idempotency.reaper_databases). Only with shared_preload_libraries.
 #pragma once
 

@@ -1,0 +1,173 @@
+#include "access/expiry.hpp"
+
+extern "C" {
+#include "access/brin_revmap.h"
+#include "catalog/pg_am_d.h"
+}
+
+namespace idem {
+
+// Where this backend's last bitmap expiry scan stopped, for the table with this storage.
+static RelFileNode expiry_resume_node;
+static BlockNumber expiry_resume_block = 0;
+
+void
+keytable_expiry_begin(KeyTable *kt, ExpiryScan *es, TimestampTz until, Snapshot snapshot)
+{
+	memset(es, 0, sizeof(*es));
+	es->until = until;
+	ScanKeyData key = kt->catalog.expiry_scankey;
+	key.sk_argument = TimestampTzGetDatum(until);
+	if (kt->expiry->rd_indam->amgettuple != nullptr)
+	{
+		es->scan = index_beginscan(kt->rel, kt->expiry, snapshot, 1, 0);
+		index_rescan(es->scan, &key, 1, nullptr, 0);
+		return;
+	}
+	IndexScanDesc scan = index_beginscan_bitmap(kt->expiry, snapshot, 1);
+	index_rescan(scan, &key, 1, nullptr, 0);
+	es->bitmap = tbm_create(work_mem * INT64CONST(1024), nullptr);
+	index_getbitmap(scan, es->bitmap);
+	index_endscan(scan);
+	es->heap = table_beginscan_bm(kt->rel, snapshot, 0, nullptr);
+	es->iterator = tbm_begin_iterate(es->bitmap);
+	bool same_storage = RelFileNodeEquals(expiry_resume_node, kt->rel->rd_node);
+	es->start = same_storage ? expiry_resume_block : 0;
+}
+
+// The next page of the bitmap in this sweep, read; false when both sweeps are done.
+static bool
+next_expiry_page(ExpiryScan *es)
+{
+	for (;;)
+	{
+		es->page = tbm_iterate(es->iterator);
+		if (es->page == nullptr || (es->second_sweep && es->page->blockno >= es->start))
+		{
+			if (es->second_sweep || es->start == 0)
+				return false;
+			tbm_end_iterate(es->iterator);
+			es->iterator = tbm_begin_iterate(es->bitmap);
+			es->second_sweep = true;
+			continue;
+		}
+		if (!es->second_sweep && es->page->blockno < es->start)
+			continue;
+		if (table_scan_bitmap_next_block(es->heap, es->page))
+			return true;
+	}
+}
+
+bool
+keytable_expiry_next(KeyTable *kt, ExpiryScan *es)
+{
+	if (es->scan != nullptr)
+		return index_getnext_slot(es->scan, ForwardScanDirection, kt->found);
+	for (;;)
+	{
+		if (es->page == nullptr && !next_expiry_page(es))
+			return false;
+		if (!table_scan_bitmap_next_tuple(es->heap, es->page, kt->found))
+		{
+			es->page = nullptr;
+			continue;
+		}
+		// The bitmap is lossy: a page of a summarized range may hold keys that expire later.
+		bool isnull;
+		Datum expires = slot_getattr(kt->found, kt->catalog.attnum[COL_EXPIRES_AT], &isnull);
+		if (!isnull && DatumGetTimestampTz(expires) <= es->until)
+		{
+			expiry_resume_node = kt->rel->rd_node;
+			expiry_resume_block = ItemPointerGetBlockNumber(&kt->found->tts_tid);
+			return true;
+		}
+	}
+}
+
+void
+keytable_expiry_end(ExpiryScan *es)
+{
+	if (es->scan != nullptr)
+	{
+		index_endscan(es->scan);
+		return;
+	}
+	table_endscan(es->heap);
+	tbm_end_iterate(es->iterator);
+	tbm_free(es->bitmap);
+}
+
+// Is the range that starts at this block summarized (or being summarized right now)?
+static bool
+range_summarized(BrinRevmap *revmap, BlockNumber start, Buffer *buf)
+{
+	OffsetNumber off;
+	BrinTuple *summary =
+	    brinGetTupleForHeapBlock(revmap, start, buf, &off, nullptr, BUFFER_LOCK_SHARE, nullptr);
+	if (summary == nullptr)
+		return false;
+	LockBuffer(*buf, BUFFER_LOCK_UNLOCK);
+	return true;
+}
+
+static int
+summarize_new_ranges(Relation rel, Relation index)
+{
+	if (index->rd_rel->relam != BRIN_AM_OID)
+		return 0;
+
+	// Autosummarization and vacuum summarize in table order, so the ranges without a summary are
+	// the newest ones: walk back from the last complete range to the first summarized one. The
+	// last, partial, range stays unsummarized: a summary of it would make every insert there
+	// widen the summary, an index write per claim.
+	BlockNumber per_range;
+	BrinRevmap *revmap = brinRevmapInitialize(index, &per_range, nullptr);
+	BlockNumber complete_end = RelationGetNumberOfBlocks(rel) / per_range * per_range;
+	BlockNumber first_new = complete_end;
+	Buffer buf = InvalidBuffer;
+	while (first_new > 0 && !range_summarized(revmap, first_new - per_range, &buf))
+		first_new -= per_range;
+	if (BufferIsValid(buf))
+		ReleaseBuffer(buf);
+	brinRevmapTerminate(revmap);
+	if (first_new == complete_end)
+		return 0;
+
+	// The lock that summarizing takes conflicts with vacuum's and with itself, never with DML.
+	if (!ConditionalLockRelation(rel, ShareUpdateExclusiveLock))
+		return 0;
+	// brin_summarize_range asks for the index's owner, as VACUUM would; reaping is what a
+	// caller with DELETE on idem_keys may do, and this is part of it.
+	Oid saved_user;
+	int saved_context;
+	GetUserIdAndSecContext(&saved_user, &saved_context);
+	SetUserIdAndSecContext(rel->rd_rel->relowner, saved_context | SECURITY_RESTRICTED_OPERATION);
+	int summarized = 0;
+	for (BlockNumber start = first_new; start < complete_end; start += per_range)
+		summarized += DatumGetInt32(DirectFunctionCall2(brin_summarize_range,
+		                                                ObjectIdGetDatum(RelationGetRelid(index)),
+		                                                Int64GetDatum(static_cast<int64>(start))));
+	SetUserIdAndSecContext(saved_user, saved_context);
+	UnlockRelation(rel, ShareUpdateExclusiveLock);
+	return summarized;
+}
+
+int
+keytable_summarize_new_ranges(KeyTable *kt)
+{
+	return summarize_new_ranges(kt->rel, kt->expiry);
+}
+
+int
+keytable_summarize_new_ranges_unopened(const Catalog *catalog)
+{
+	// The lock the SQL path's DELETE takes next: no upgrade.
+	Relation rel = table_open(catalog->relid, RowExclusiveLock);
+	Relation index = index_open(catalog->expiry_oid, RowExclusiveLock);
+	int summarized = summarize_new_ranges(rel, index);
+	index_close(index, NoLock);
+	table_close(rel, NoLock);
+	return summarized;
+}
+
+} // namespace idem
