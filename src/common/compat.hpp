@@ -10,6 +10,7 @@ extern "C" {
 #include "access/genam.h"
 #include "access/tableam.h"
 #include "miscadmin.h"
+#include "nodes/execnodes.h"
 #include "storage/lmgr.h"
 #include "storage/proc.h"
 #include "utils/acl.h"
@@ -85,6 +86,36 @@ index_summarizes(Relation index)
 #else
 	(void) index;
 	return false;
+#endif
+}
+
+// ---- index insertions
+
+// From 17 an index access method may keep state between the insertions of one statement until
+// index_insert_cleanup (BRIN keeps its range map there, pages pinned). That state hangs off the
+// IndexInfo, and ours are cached across statements and transactions (access/catalog): the state
+// lives for one row's insertions, in the caller's memory, and is dropped, not trusted, when an
+// error cut the previous row's short. Until 16 nothing is kept.
+inline void
+begin_row_index_inserts(IndexInfo *info)
+{
+#if PG_VERSION_NUM >= 170000
+	info->ii_AmCache = nullptr;
+	info->ii_Context = CurrentMemoryContext;
+#else
+	(void) info;
+#endif
+}
+
+inline void
+end_row_index_inserts(Relation index, IndexInfo *info)
+{
+#if PG_VERSION_NUM >= 170000
+	index_insert_cleanup(index, info);
+	info->ii_AmCache = nullptr;
+#else
+	(void) index;
+	(void) info;
 #endif
 }
 
