@@ -75,7 +75,8 @@ ok(kill('KILL', $a_pid), "SIGKILL sent to A's backend ($a_pid)");
 # the postmaster terminates every backend, reinitialises and recovers: wait until it answers
 $node->wait_for_log(qr/all server processes terminated; reinitializing/, $logstart);
 ok($node->poll_query_until('postgres', 'SELECT true'), 'the server accepts connections again');
-ok($node->log_contains(qr/server process \(PID $a_pid\) was terminated by signal 9/, $logstart),
+# "server process (PID n)" until 17, "client backend (PID n)" from 18
+ok($node->log_contains(qr/(server process|client backend) \(PID $a_pid\) was terminated by signal 9/, $logstart),
 	'the postmaster saw the backend die of SIGKILL');
 ok($node->log_contains(qr/terminating any other active server processes/, $logstart),
 	'and restarted every backend');

@@ -270,7 +270,8 @@ $node->poll_query_until('postgres', q{SELECT current_setting('log_statement') = 
 new_log();
 pgbench('dall', q{SELECT idem_claim('d-1', :body::jsonb)}, 'app');
 $log = new_log();
-like($log, qr/DETAIL:  parameters: \$1 = '\{"card": "\Q$M\E-dall"\}'/,
+# "parameters:" until 16, "Parameters:" from 17
+like($log, qr/DETAIL:  [Pp]arameters: \$1 = '\{"card": "\Q$M\E-dall"\}'/,
 	'D. log_statement = all: bound bodies are logged (DETAIL parameters)');
 $node->append_conf('postgresql.conf', 'log_parameter_max_length = 0');
 $node->reload;

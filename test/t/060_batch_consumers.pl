@@ -165,7 +165,8 @@ my $logstart = -s $node->logfile;
 ok(kill('KILL', $victim), "SIGKILL sent to the batch's backend ($victim)");
 $node->wait_for_log(qr/all server processes terminated; reinitializing/, $logstart);
 ok($node->poll_query_until('postgres', 'SELECT true'), 'the server accepts connections again');
-ok($node->log_contains(qr/server process \(PID $victim\) was terminated by signal 9/, $logstart),
+# "server process (PID n)" until 17, "client backend (PID n)" from 18
+ok($node->log_contains(qr/(server process|client backend) \(PID $victim\) was terminated by signal 9/, $logstart),
 	'the backend died of SIGKILL and the postmaster restarted');
 # the two psql clients lost their backends (the consumer's has exited already): end them
 $_->{run}->kill_kill for ($holder, $consumer);
