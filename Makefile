@@ -1,5 +1,6 @@
-# idempotency: PGXS build. `make && make install`, then `make installcheck`
-# against a running server; `scripts/test` runs every suite in throwaway clusters.
+# idempotency: PGXS build. `make && make install`, then `make installcheck` against a running
+# server with shared_preload_libraries = 'idempotency' (the statistics tests need it);
+# `scripts/test` runs every suite in throwaway clusters.
 
 EXTENSION = idempotency
 MODULE_big = idempotency
@@ -34,7 +35,8 @@ PG_INCLUDES = -isystem $(includedir_server) -isystem $(includedir_internal)
 override CPPFLAGS := -Isrc $(PG_INCLUDES) $(CPPFLAGS)
 override CXXFLAGS := $(filter-out -Wmissing-format-attribute,$(CXXFLAGS)) -std=c++17 \
 	-Wall -Wextra -Werror -Wno-missing-field-initializers
-SHLIB_LINK += -lstdc++
+# libcrypto: SHA-256 of request fingerprints (src/common/sha256.cpp)
+SHLIB_LINK += -lcrypto -lstdc++
 
 .PHONY: test run bench
 test:

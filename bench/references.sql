@@ -2,7 +2,7 @@
 -- write itself instead of using the extension. Written for this project; loaded by bench/run into
 -- every benchmark database, next to CREATE EXTENSION idempotency.
 --
--- Every reference table has the columns of idem_keys (SPEC §1) and a design a careful author would
+-- Every reference table has the columns of idem_keys (docs/contract.md §1) and a design a careful author would
 -- choose: text primary key (scope, key) in the "C" collation (keys are ASCII; byte order makes the
 -- comparisons memcmp, as idem_keys does), state as text with a CHECK, the fingerprint as bytea
 -- (SHA-256 via PostgreSQL 15's built-in sha256(), no pgcrypto). Indexes and storage parameters are
@@ -91,7 +91,7 @@ BEGIN
 END
 $$;
 
--- The request fingerprint, as SPEC §3 defines it: SHA-256 of the scope, a 0x00 byte and the
+-- The request fingerprint, as docs/contract.md §3 defines it: SHA-256 of the scope, a 0x00 byte and the
 -- canonical text of the jsonb. (Inlined by hand in the functions below: a call would cost more.)
 --   sha256(convert_to(scope, 'UTF8') || '\x00'::bytea || convert_to(request::text, 'UTF8'))
 

@@ -4,17 +4,24 @@
     idem_scaleout.py proxy-config DSN0 DSN1 ...     SQL for the proxy: server "idempotency" with
                                                     one partition per DSN (count a power of two)
     idem_scaleout.py partition-config INDEX COUNT   SQL for partition INDEX of COUNT
-    idem_scaleout.py reshard --proxy DSN NEW_DSN... double the partitions: partition p's keys whose
-                                                    scope now routes to p + old count move there
+    idem_scaleout.py reshard --proxy DSN [--proxy DSN ...] NEW_DSN...
+                                                    double the partitions: partition p's keys whose
+                                                    scope now routes to p + old count move there;
+                                                    every proxy given is switched. After a failure,
+                                                    the same command again finishes the move.
 
 The DSNs given to proxy-config are what the proxy connects with (no password: put credentials in
-the user mapping). The resharding tool connects to the proxy and, with the proxy's connection
-strings, to every partition, as the role and password of its own libpq environment (PGUSER,
-PGPASSWORD, ~/.pgpass); it needs to be able to lock, copy and delete idem_keys on them.
-See docs/scale-out.md.
+the user mapping); reshard's NEW_DSNs become every proxy's connection strings as written. The
+resharding tool connects to each proxy and, with the first proxy's connection strings and the
+NEW_DSNs, to every partition, as the role and password of its own libpq environment (PGUSER,
+PGPASSWORD, ~/.pgpass). Its privileges are listed in docs/scale-out.md.
 """
 
 import argparse
+import hashlib
+import os
+import random
+import subprocess
 import sys
 import time
 
@@ -31,7 +38,8 @@ def check_partition_count(count: int) -> None:
 
 
 def proxy_config_sql(dsns: list[str], server: str = SERVER) -> str:
-    """One transaction that creates the PL/Proxy server or replaces its partitions.
+    """One transaction that creates the PL/Proxy server (with a user mapping for PUBLIC and USAGE
+    granted to PUBLIC) or replaces its partitions.
 
     PL/Proxy notices the changed options at its next call: every call routes by the new count.
     """
@@ -51,6 +59,8 @@ BEGIN
         EXECUTE format('CREATE SERVER %I FOREIGN DATA WRAPPER plproxy OPTIONS (%s)', {literal(server)},
                        {literal(options)});
         EXECUTE format('CREATE USER MAPPING FOR PUBLIC SERVER %I', {literal(server)});
+        -- PL/Proxy checks the caller's USAGE on the server
+        EXECUTE format('GRANT USAGE ON FOREIGN SERVER %I TO PUBLIC', {literal(server)});
         RETURN;
     END IF;
     -- partitions beyond the new count are dropped, the others set or added
@@ -78,10 +88,26 @@ def partition_config_sql(index: int, count: int, accepting: bool = True) -> str:
     return f"SELECT idem_partition.configure({index}, {count}, {'true' if accepting else 'false'});\n"
 
 
+class ReshardError(SystemExit):
+    """A check failed: the message says what and that nothing was changed, or what to run."""
+
+
+def masked(dsn: str) -> str:
+    """A connection string fit for a message: its password, if any, replaced."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    try:
+        params = conninfo_to_dict(dsn)
+    except Exception:
+        return "<a connection string that does not parse>"
+    if "password" in params:
+        params["password"] = "***"
+    return make_conninfo(**params)
+
+
 def proxy_partitions(proxy, server: str = SERVER) -> list[str]:
     row = proxy.execute("SELECT srvoptions FROM pg_foreign_server WHERE srvname = %s", [server]).fetchone()
     if row is None:
-        raise SystemExit(f'the proxy has no server "{server}"')
+        raise ReshardError(f'the proxy has no server "{server}"')
     dsns = {}
     for option in row[0] or []:
         name, _, value = option.partition("=")
@@ -94,98 +120,285 @@ def partition_config(conn):
     return conn.execute("SELECT partition, partitions, accepting FROM idem_partition.config").fetchone()
 
 
-def reshard(proxy_dsn: str, new_dsns: list[str], server: str = SERVER, lock_timeout: str = "10s",
-            log=print) -> dict:
-    """Double the partition count: for every old partition p, copy the keys whose scope now routes
-    to p + n (n the old count) to the new partition, switch the proxy, delete them from p.
+# Test hook: the tool stops with an error right after the named step (tests/test_reshard_repair.py).
+FAIL_AFTER = "IDEMPOTENCY_SCALEOUT_FAIL_AFTER"
+STEPS = ("prepared", "copied", "gave-up-first", "gave-up", "accepting", "switched-first", "switched")
 
-    Writes to the old partitions are frozen (EXCLUSIVE lock on idem_keys: lookups go on) from the
-    copy until the switch; a call routed by the old configuration that waited for the lock, or
-    that reaches an old partition later, is refused with IK900 and retried through the proxy.
-    Safe to run again after a failure at any step (see docs/scale-out.md).
+
+def step_done(step: str, log) -> None:
+    log(f"step done: {step}")
+    if os.environ.get(FAIL_AFTER) == step:
+        raise RuntimeError(f"failure injected after step {step} ({FAIL_AFTER})")
+
+
+class Database:
+    """A connection to one database, and what identifies that database whatever DSN reached it:
+    the cluster's system identifier and the database's oid."""
+
+    def __init__(self, role: str, dsn: str):
+        import psycopg
+        self.role, self.dsn = role, dsn
+        try:
+            self.conn = psycopg.connect(dsn)
+        except psycopg.Error as e:
+            raise ReshardError(f"{role} ({masked(dsn)}) cannot be reached: {str(e).strip()}; nothing was changed")
+        self.identity = self.conn.execute(
+            "SELECT (SELECT system_identifier FROM pg_control_system()), d.oid, d.datname"
+            " FROM pg_database d WHERE d.datname = current_database()").fetchone()
+        self.conn.commit()
+
+    def same_as(self, other: "Database") -> bool:
+        """The same database: the same system identifier and database oid, and an advisory lock
+        taken through one connection holds against the other (clones of one cluster, made from a
+        base backup, share the identifier and the oids but not their locks)."""
+        if self.identity[:2] != other.identity[:2]:
+            return False
+        key = random.getrandbits(62)
+        if not self.conn.execute("SELECT pg_try_advisory_lock(%s)", [key]).fetchone()[0]:
+            raise ReshardError(f"{self.role}: could not take a fresh advisory lock; nothing was changed")
+        try:
+            free = other.conn.execute("SELECT pg_try_advisory_lock(%s)", [key]).fetchone()[0]
+            if free:
+                other.conn.execute("SELECT pg_advisory_unlock(%s)", [key])
+            return not free
+        finally:
+            self.conn.execute("SELECT pg_advisory_unlock(%s)", [key])
+
+    def describe(self) -> str:
+        system, oid, name = self.identity
+        return f"database {name} (oid {oid}) of the cluster with system identifier {system}"
+
+    def close(self) -> None:
+        # closing a connection in a transaction rolls it back: nothing half-done stays locked
+        self.conn.close()
+
+
+def reshard(proxy_dsns, new_dsns: list[str], server: str = SERVER, lock_timeout: str = "10s",
+            log=print, hook: str | None = None) -> dict:
+    """Double the partition count from N to 2N: old partition p keeps the scopes with
+    hash & (2N - 1) = p and gives those of p + N to the new partition p + N; every proxy is
+    switched to the 2N partitions. See docs/scale-out.md for the steps.
+
+    `hook`, a shell command, moves the application's own tables colocated by scope: it runs for
+    each pair (old p, new p + N) with IDEM_RESHARD_PHASE=copy while the old partition's writes are
+    frozen, after its keys are copied and before it gives the scopes up (it must replace what an
+    earlier run copied), then with IDEM_RESHARD_PHASE=cleanup once every proxy is switched (it
+    must be idempotent). A non-zero exit stops the tool like any other failure.
+
+    Everything is checked before anything changes. A run that fails leaves a state that the same
+    command, run again, finishes; at every point each scope has at most one accepting partition.
     """
-    import psycopg
+    if isinstance(proxy_dsns, str):
+        proxy_dsns = [proxy_dsns]
+    opened: list[Database] = []
 
-    proxy = psycopg.connect(proxy_dsn, autocommit=True)
-    current = proxy_partitions(proxy, server)
-    finishing = len(current) == 2 * len(new_dsns) and current[len(new_dsns):] == new_dsns
-    old_dsns = current[:len(new_dsns)] if finishing else current
-    n_old = len(old_dsns)
-    if len(new_dsns) != n_old:
-        raise SystemExit(f"doubling {n_old} partitions needs {n_old} new ones, not {len(new_dsns)}")
+    def open_db(role, dsn):
+        db = Database(role, dsn)
+        opened.append(db)
+        return db
 
-    old = [psycopg.connect(dsn) for dsn in old_dsns]
-    new = [psycopg.connect(dsn) for dsn in new_dsns]
     try:
-        return _move(proxy, old, new, old_dsns, new_dsns, finishing, server, lock_timeout, log)
+        proxies = [open_db(f"proxy {i + 1}", dsn) for i, dsn in enumerate(proxy_dsns)]
+        for db in proxies:
+            db.conn.autocommit = True
+        n = len(new_dsns)
+        check_partition_count(n)
+        lists = [proxy_partitions(db.conn, server) for db in proxies]
+        first = lists[0]
+        if len(first) not in (n, 2 * n):
+            raise ReshardError(f"proxy 1 routes to {len(first)} partitions: doubling to {2 * n} needs"
+                               f" {len(first)} NEW_DSNs, not {n}; nothing was changed")
+        old = [open_db(f"OLD partition {p}", dsn) for p, dsn in enumerate(first[:n])]
+        new = [open_db(f"NEW partition {n + i}", dsn) for i, dsn in enumerate(new_dsns)]
+        plan = _check(proxies, lists, old, new, server)
+        return _move(plan, proxies, lists, old, new, new_dsns, server, lock_timeout, log, hook)
     finally:
-        # closing a connection in a transaction rolls it back: a failed run leaves the old
-        # partitions unlocked and unchanged
-        for c in [proxy] + old + new:
-            c.close()
+        for db in opened:
+            db.close()
 
 
-def _move(proxy, old, new, old_dsns, new_dsns, finishing, server, lock_timeout, log) -> dict:
-    n_old, n_new = len(old), 2 * len(old)
-    versions = {c.execute("SELECT extversion FROM pg_extension WHERE extname = 'idempotency'").fetchone()
-                for c in old + new}
-    if len(versions) != 1 or None in versions:
-        raise SystemExit(f"every partition needs the same idempotency version, found {sorted(map(str, versions))}")
-    for c in old + new:
-        c.commit()
+def _check(proxies, lists, old, new, server) -> dict:
+    """Every check, before any change. Returns what is left to do (a first run, or the repair of
+    a failed one: its leftovers are recognised by the resharding's identity)."""
+    n = len(old)
+    databases = old + new
+    for i, db in enumerate(databases):
+        for other in databases[:i]:
+            if db.same_as(other):
+                raise ReshardError(f"{db.role} ({masked(db.dsn)}) is the same {db.describe()} as {other.role}:"
+                                   " every NEW_DSN must name an empty database of its own, prepared with"
+                                   " partition.sql and not configured; nothing was changed")
+    identity = hashlib.sha256(repr(["idempotency resharding", [d.identity[:2] for d in old],
+                                    [d.identity[:2] for d in new]]).encode()).hexdigest()[:16]
 
-    moved = {}
-    if finishing:
-        # the proxy was switched by a run that failed after it: the new partitions must be complete
-        for i, c in enumerate(new):
-            if partition_config(c) != (n_old + i, n_new, True):
-                raise SystemExit(f"partition {n_old + i} is configured as {partition_config(c)} although the"
-                                 " proxy routes to it")
-            c.commit()
-    else:
-        # 1. the new partitions exist but accept nothing until their keys are in
-        for i, c in enumerate(new):
-            c.execute("SELECT idem_partition.configure(%s, %s, false)", [n_old + i, n_new])
-            c.commit()
-        # 2. freeze the old partitions' writes (in-flight writers finish first)
-        for p, c in enumerate(old):
-            c.execute(f"SET LOCAL lock_timeout = {literal(lock_timeout)}")
-            c.execute("LOCK TABLE idem_keys IN EXCLUSIVE MODE")
-            if partition_config(c) != (p, n_old, True):
-                raise SystemExit(f"partition {p} is configured as {partition_config(c)}, expected ({p}, {n_old}, true)")
-        frozen_at = time.monotonic()
-        # 3. copy (a second run replaces what a failed one left)
-        for p, (src, dst) in enumerate(zip(old, new)):
-            q = p + n_old
-            dst.execute("DELETE FROM idem_keys")
-            with src.cursor().copy(
-                    "COPY (SELECT * FROM idem_keys WHERE idem_partition.idem_scope_partition(scope, %s) = %s)"
-                    " TO STDOUT (FORMAT binary)" % (n_new, q)) as out, \
-                    dst.cursor().copy("COPY idem_keys FROM STDIN (FORMAT binary)") as into:
-                for block in out:
-                    into.write(block)
-            moved[q] = dst.execute("SELECT count(*) FROM idem_keys").fetchone()[0]
-            dst.execute("SELECT idem_partition.configure(%s, %s, true)", [q, n_new])
-        for c in new:
-            c.commit()
+    # every proxy: reachable (opened above), allowed to ALTER SERVER, routing to the same databases
+    for db, dsns in zip(proxies, lists):
+        owner = db.conn.execute("SELECT pg_has_role(srvowner, 'USAGE') FROM pg_foreign_server WHERE srvname = %s",
+                                [server]).fetchone()[0]
+        if not owner:
+            raise ReshardError(f'{db.role} ({masked(db.dsn)}): this role does not own server "{server}" there'
+                               " and cannot switch it (ALTER SERVER); nothing was changed")
+        if len(dsns) not in (n, 2 * n):
+            raise ReshardError(f"{db.role} routes to {len(dsns)} partitions, not {n} or {2 * n}; nothing was changed")
+        for i, dsn in enumerate(dsns):
+            expected = (old + new)[i]
+            if db is proxies[0] and i < n:
+                continue
+            probe = Database(f"partition {i} of {db.role}", dsn)
+            try:
+                if not probe.same_as(expected):
+                    raise ReshardError(f"{db.role} routes partition {i} to {probe.describe()}, not to the"
+                                       f" {expected.describe()} of {expected.role}; nothing was changed")
+            finally:
+                probe.close()
+
+    versions = set()
+    for db in old + new:
+        has = db.conn.execute(
+            "SELECT (SELECT extversion FROM pg_extension WHERE extname = 'idempotency'),"
+            " to_regclass('idem_partition.config') IS NOT NULL,"
+            " CASE WHEN to_regclass('idem_partition.config') IS NOT NULL AND to_regclass('idem_keys') IS NOT NULL"
+            "  THEN has_table_privilege('idem_keys', 'SELECT') AND has_table_privilege('idem_keys', 'INSERT')"
+            "   AND has_table_privilege('idem_keys', 'DELETE')"
+            "   AND has_table_privilege('idem_partition.config', 'INSERT')"
+            "   AND has_table_privilege('idem_partition.config', 'UPDATE') END").fetchone()
+        if has[0] is None or not has[1]:
+            raise ReshardError(f"{db.role} ({masked(db.dsn)}) has no idempotency extension or no schema"
+                               " idem_partition (scale-out/sql/partition.sql); nothing was changed")
+        if not has[2]:
+            raise ReshardError(f"{db.role}: this role needs SELECT, INSERT and DELETE on idem_keys and"
+                               " INSERT and UPDATE on idem_partition.config; nothing was changed")
+        versions.add(has[0])
+    if len(versions) != 1:
+        raise ReshardError(f"every partition needs the same idempotency version, found {sorted(versions)};"
+                           " nothing was changed")
+    for db in new:
+        if db.conn.execute("SELECT NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid ="
+                           " 'idem_partition.config'::regclass AND attname = 'resharding')").fetchone()[0]:
+            raise ReshardError(f"{db.role} ({masked(db.dsn)}) has an older idem_partition schema: create it"
+                               " with this version of scale-out/sql/partition.sql; nothing was changed")
+    for db in old + new:
+        if not db.conn.execute("SELECT has_function_privilege(to_regproc('idem_partition.configure'), 'EXECUTE')"
+                               ).fetchone()[0]:
+            raise ReshardError(f"{db.role}: this role needs EXECUTE on idem_partition.configure;"
+                               " nothing was changed")
+
+    # the state of each pair (old p, new p + N): not started, or left by a run of this resharding
+    to_copy, to_accept = [], []
+    for p, (o, w) in enumerate(zip(old, new)):
+        q = p + n
+        o_config = partition_config(o.conn)
+        w_row = w.conn.execute("SELECT partition, partitions, accepting, resharding FROM idem_partition.config"
+                               ).fetchone()
+        w_keys = w.conn.execute("SELECT count(*) FROM idem_keys").fetchone()[0]
+        ours = w_row is not None and w_row[3] == identity and w_row[:2] == (q, 2 * n)
+        if w_row is None and w_keys:
+            raise ReshardError(f"{w.role} ({masked(w.dsn)}) is not new: it holds {w_keys} keys; nothing was changed")
+        if w_row is not None and not ours:
+            how = (f"configured as partition {w_row[0]} of {w_row[1]}" if w_row[3] is None
+                   else f"prepared by another resharding ({w_row[3]})")
+            raise ReshardError(f"{w.role} ({masked(w.dsn)}) is not new: it is {how}; nothing was changed")
+        if o_config == (p, n, True):
+            if ours and w_row[2]:
+                raise ReshardError(f"{w.role} accepts calls although {o.role} still owns its scopes;"
+                                   " nothing was changed")
+            to_copy.append(p)
+        elif o_config == (p, 2 * n, True):
+            if not ours:
+                raise ReshardError(f"{o.role} is configured as partition {p} of {2 * n} but {w.role} was not"
+                                   " prepared by this resharding; nothing was changed")
+            if not w_row[2]:
+                to_accept.append(p)
+        else:
+            raise ReshardError(f"{o.role} is configured as {o_config}, expected ({p}, {n}, true) or"
+                               f" ({p}, {2 * n}, true); nothing was changed")
+        w.conn.commit()
+        o.conn.commit()
+    return {"identity": identity, "to_copy": to_copy, "to_accept": to_accept}
+
+
+def run_hook(hook, phase, p, n, old_dsn, new_dsn, log) -> None:
+    env = dict(os.environ, IDEM_RESHARD_PHASE=phase, IDEM_OLD_PARTITION=str(p), IDEM_NEW_PARTITION=str(p + n),
+               IDEM_PARTITIONS=str(2 * n), IDEM_OLD_DSN=old_dsn, IDEM_NEW_DSN=new_dsn)
+    done = subprocess.run(hook, shell=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"the hook failed in phase {phase} for partitions {p} and {p + n} (exit status"
+                           f" {done.returncode}); run the same command again once it is fixed")
+    log(f"hook: {phase} for partitions {p} and {p + n}")
+
+
+def _move(plan, proxies, lists, old, new, new_dsns, server, lock_timeout, log, hook) -> dict:
+    n = len(old)
+    identity, to_copy = plan["identity"], plan["to_copy"]
+    log(f"resharding {identity}: {n} -> {2 * n} partitions; to copy: {[p + n for p in to_copy]}")
+    # 1. the new partitions that are still blank: configured, not accepting, marked as this resharding's
+    for p in to_copy:
+        new[p].conn.execute("SELECT idem_partition.configure(%s, %s, false, %s)", [p + n, 2 * n, identity])
+        new[p].conn.commit()
+    step_done("prepared", log)
+
+    # 2. freeze the old partitions' writes (in-flight writers finish first; lookups go on)
+    moved, deleted, frozen_at = {}, {}, None
+    for p in to_copy:
+        c = old[p].conn
+        c.execute(f"SET LOCAL lock_timeout = {literal(lock_timeout)}")
+        c.execute("LOCK TABLE idem_keys IN EXCLUSIVE MODE")
+        if partition_config(c) != (p, n, True):
+            raise ReshardError(f"{old[p].role} changed while it was checked: {partition_config(c)};"
+                               " run the same command again")
+    frozen_at = time.monotonic()
+    # 3. copy into each new partition, in one transaction there, still not accepting: what a failed
+    # run left is replaced (the partition is this resharding's, checked above)
+    for p in to_copy:
+        src, dst = old[p].conn, new[p].conn
+        dst.execute("SELECT FROM idem_partition.config WHERE resharding = %s FOR UPDATE", [identity])
+        dst.execute("DELETE FROM idem_keys")
+        with src.cursor().copy(
+                "COPY (SELECT * FROM idem_keys WHERE idem_partition.idem_scope_partition(scope, %s) = %s)"
+                " TO STDOUT (FORMAT binary)" % (2 * n, p + n)) as out, \
+                dst.cursor().copy("COPY idem_keys FROM STDIN (FORMAT binary)") as into:
+            for block in out:
+                into.write(block)
+        moved[p + n] = dst.execute("SELECT count(*) FROM idem_keys").fetchone()[0]
+        dst.commit()
+        if hook:
+            run_hook(hook, "copy", p, n, lists[0][p], new_dsns[p], log)
+    if to_copy:
         log(f"copied {sum(moved.values())} keys to partitions {sorted(moved)}")
-    # 4. switch the proxy: from its next call on, PL/Proxy routes by the new count
-    if not finishing:
-        proxy.execute(proxy_config_sql(old_dsns + new_dsns, server))
-    # 5. the old partitions give up the moved scopes (a finishing run freezes them again first)
-    deleted = {}
-    for p, c in enumerate(old):
-        if finishing:
-            c.execute(f"SET LOCAL lock_timeout = {literal(lock_timeout)}")
-            c.execute("LOCK TABLE idem_keys IN EXCLUSIVE MODE")
-        c.execute("SELECT idem_partition.configure(%s, %s, true)", [p, n_new])
+    step_done("copied", log)
+    # 4. each old partition gives up the moved scopes: from its commit on it refuses them (IK900),
+    # and nothing accepts them until step 5: never two owners, whatever fails in between
+    for i, p in enumerate(to_copy):
+        c = old[p].conn
+        c.execute("SELECT idem_partition.configure(%s, %s, true)", [p, 2 * n])
         deleted[p] = c.execute("DELETE FROM idem_keys WHERE idem_partition.idem_scope_partition(scope, %s) <> %s",
-                               [n_new, p]).rowcount
+                               [2 * n, p]).rowcount
         c.commit()
-    frozen = time.monotonic() - frozen_at if not finishing else None
-    log(f"deleted {sum(deleted.values())} moved keys from partitions {sorted(deleted)}"
-        + (f"; writes were frozen for {frozen:.3f} s" if frozen is not None else ""))
-    return {"moved": moved, "deleted": deleted, "frozen_seconds": frozen}
+        if i == 0:
+            step_done("gave-up-first", log)
+    frozen = time.monotonic() - frozen_at if to_copy else None
+    if to_copy:
+        log(f"deleted {sum(deleted.values())} moved keys from partitions {sorted(deleted)};"
+            f" writes were frozen for {frozen:.3f} s")
+    step_done("gave-up", log)
+    # 5. the new partitions accept their scopes
+    for p in sorted(set(to_copy) | set(plan["to_accept"])):
+        new[p].conn.execute("SELECT idem_partition.configure(%s, %s, true, %s)", [p + n, 2 * n, identity])
+        new[p].conn.commit()
+    step_done("accepting", log)
+    # 6. every proxy routes by 2N from its next call (until then the moved scopes answer IK900)
+    for i, (db, dsns) in enumerate(zip(proxies, lists)):
+        if len(dsns) == n:
+            db.conn.execute(proxy_config_sql(dsns + new_dsns, server))
+            log(f"{db.role} switched to {2 * n} partitions")
+        if i == 0:
+            step_done("switched-first", log)
+    step_done("switched", log)
+    # 7. the application's tables: the old partitions' copies of moved scopes are dropped
+    if hook:
+        for p in range(n):
+            run_hook(hook, "cleanup", p, n, lists[0][p], new_dsns[p], log)
+    return {"moved": moved, "deleted": deleted, "frozen_seconds": frozen, "resharding": identity}
 
 
 def main(argv: list[str]) -> int:
@@ -200,9 +413,12 @@ def main(argv: list[str]) -> int:
     partition.add_argument("count", type=int)
     partition.add_argument("--not-accepting", action="store_true")
     move = commands.add_parser("reshard", help="double the partitions")
-    move.add_argument("--proxy", required=True, metavar="DSN")
+    move.add_argument("--proxy", required=True, action="append", metavar="DSN",
+                      help="a proxy to switch; repeat it for every proxy")
     move.add_argument("--server", default=SERVER)
     move.add_argument("--lock-timeout", default="10s")
+    move.add_argument("--hook", metavar="COMMAND",
+                      help="moves the application's tables colocated by scope (docs/scale-out.md)")
     move.add_argument("new_dsns", nargs="+", metavar="NEW_DSN")
     args = parser.parse_args(argv)
     if args.command == "proxy-config":
@@ -210,7 +426,7 @@ def main(argv: list[str]) -> int:
     elif args.command == "partition-config":
         sys.stdout.write(partition_config_sql(args.index, args.count, not args.not_accepting))
     else:
-        reshard(args.proxy, args.new_dsns, args.server, args.lock_timeout)
+        reshard(args.proxy, args.new_dsns, args.server, args.lock_timeout, hook=args.hook)
     return 0
 
 

@@ -1,5 +1,5 @@
 --
--- idem_claim: every outcome of SPEC §2 (claimed / replay / in_progress / takeover), the result
+-- idem_claim: every outcome of docs/contract.md §2 (claimed / replay / in_progress / takeover), the result
 -- columns, inserted, attempt, the ttl and lease defaults and the expires_at rule.
 -- Keys of this file live in scopes 'claim' and 'claim-b' (and keys 'claim-%' in scope '').
 -- Never prints timestamps, intervals or fingerprints: only comparisons.

@@ -1,5 +1,5 @@
 --
--- idem_complete and idem_fail (SPEC §2): the finished row they return, the state transitions,
+-- idem_complete and idem_fail (docs/contract.md §2): the finished row they return, the state transitions,
 -- IK003 (no such key), IK002 (stale attempt: fencing), IK004 (not pending) and their order.
 -- Keys of this file live in scope 'cf'.
 --

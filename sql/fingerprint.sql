@@ -1,5 +1,5 @@
 --
--- Request fingerprints (SPEC §3) and IK001: equivalent JSON gives one fingerprint, the scope is
+-- Request fingerprints (docs/contract.md §3) and IK001: equivalent JSON gives one fingerprint, the scope is
 -- part of it, an explicit fingerprint is stored as is, NULL is distinct from any fingerprint, and
 -- the mismatch check comes before every other outcome.
 -- Keys of this file live in scopes 'fp' and 'fp-b' (and key 'fp-%' in scope '').

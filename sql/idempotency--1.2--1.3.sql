@@ -1,4 +1,4 @@
--- idempotency 1.2 -> 1.3: per-scope statistics (SPEC §10) and batch claims for message consumers.
+-- idempotency 1.2 -> 1.3: per-scope statistics (docs/contract.md §10) and batch claims for message consumers.
 \echo Use "ALTER EXTENSION idempotency UPDATE TO '1.3'" to load this file. \quit
 
 -- batch claims (message consumers)
@@ -39,7 +39,7 @@ RETURNS bigint
 AS 'MODULE_PATHNAME', 'idem_complete_batch'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
--- per-scope statistics (SPEC §10)
+-- per-scope statistics (docs/contract.md §10)
 
 -- idem_stats gains dealloc: idem_scope_stats entries of this database evicted to make room.
 -- CREATE OR REPLACE appends the column and keeps the grants made on the view.

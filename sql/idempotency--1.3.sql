@@ -302,7 +302,7 @@ RETURNS bigint
 AS 'MODULE_PATHNAME', 'idem_complete_batch'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
--- per-scope statistics (SPEC §10)
+-- per-scope statistics (docs/contract.md §10)
 
 -- The rows the caller may see: every scope of this database for pg_read_all_stats and for roles
 -- that may read idem_keys.scope (without row-level security confining them); none for others.

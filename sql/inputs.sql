@@ -1,5 +1,5 @@
 --
--- Inputs (SPEC §4, brief "Argument checks"): NULL where a value is required -> 22004 naming the
+-- Inputs (docs/contract.md §4): NULL where a value is required -> 22004 naming the
 -- argument; an invalid key, scope, ttl, lease, fingerprint or max_rows -> 22023 naming it;
 -- checks run in argument order before anything is read or written, so nothing changes.
 -- Keys of this file: scope 'in', or keys 'in-%' in other scopes.

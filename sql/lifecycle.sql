@@ -1,5 +1,5 @@
 --
--- Version 1.2, the key's whole life (SPEC §9): expiry as semantics (9.1), the result's own ttl
+-- Version 1.2, the key's whole life (docs/contract.md §9): expiry as semantics (9.1), the result's own ttl
 -- (9.2), the wait argument's validation (9.3), idem_extend / idem_release / idem_forget and
 -- idem_stalled (9.4), retry_after_s (9.5).
 -- Keys of this file live in scopes 'lc' and 'lc-%'.

@@ -1,5 +1,5 @@
 --
--- idem_lookup (SPEC §2): the row or NULL, no lock, nothing written.
+-- idem_lookup (docs/contract.md §2): the row or NULL, no lock, nothing written.
 -- idem_reap: deletes up to max_rows expired keys (expires_at <= clock), never a pending key
 -- whose lease is live; returns the count.  idem_reap_all: reaps in batches, one commit each,
 -- only outside a transaction block.

@@ -1,5 +1,5 @@
 --
--- Privileges (SPEC §7, brief): claim, complete and fail need SELECT, INSERT and UPDATE on
+-- Privileges (docs/contract.md §7): claim, complete and fail need SELECT, INSERT and UPDATE on
 -- idem_keys, lookup SELECT, reap DELETE; otherwise 42501.  Writers in a read-only transaction:
 -- 25006.  Row-level security on idem_keys is enforced.  max_key_length is superuser-only.
 -- Roles are cluster-wide: all are named regress_idem_* and dropped at the end.

@@ -1,5 +1,5 @@
 --
--- Re-entrant calls (SPEC §2 step 4): a claim of a key whose current row version this
+-- Re-entrant calls (docs/contract.md §2 step 4): a claim of a key whose current row version this
 -- transaction wrote sees that row: pending -> claimed, finished -> replay, inserted false,
 -- even within one statement; the fingerprint check still comes first.  Rollback (of the
 -- transaction or of a savepoint) undoes a claim completely.

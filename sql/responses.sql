@@ -1,5 +1,5 @@
 --
--- Version 1.2, responses that come back byte for byte (SPEC §9.7): body bytea and headers jsonb
+-- Version 1.2, responses that come back byte for byte (docs/contract.md §9.7): body bytea and headers jsonb
 -- on idem_complete / idem_fail, the columns response_body / response_headers on idem_keys and on
 -- idem_claim_result, a response with no body at all (204).
 -- Keys of this file live in scope 'rs'.

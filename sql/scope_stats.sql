@@ -1,8 +1,9 @@
--- idem_scope_stats (SPEC §10): one row per scope of this database, counted at each outcome;
+-- idem_scope_stats (docs/contract.md §10): one row per scope of this database, counted at each outcome;
 -- idem_scope_stats_reset; who sees which rows; idempotency.track; idem_stats.dealloc.
 -- The scopes here are this test's own, but the entries are per database: the test resets them
 -- first. Claim-to-finish times depend on the clock: only whether they are there is checked.
--- Without shared_preload_libraries the view has no rows (expected/scope_stats_1.out).
+-- The suite needs shared_preload_libraries = 'idempotency'; without it the view has no rows
+-- (test/t/013_no_preload.pl).
 SET client_min_messages = warning;
 
 -- the view's columns

@@ -1,5 +1,5 @@
 --
--- ttl and lease must move the clock forward (SPEC §2: "both must be positive").  PostgreSQL
+-- ttl and lease must move the clock forward (docs/contract.md §2: "both must be positive").  PostgreSQL
 -- compares intervals with a month as 30 days and a year as 360, but the functions add them to
 -- the clock as calendar months and days.  An interval with parts of mixed signs can therefore
 -- compare as positive and still move the clock backwards, on every date: '-1 year 361 days'

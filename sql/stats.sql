@@ -2,7 +2,8 @@
 -- The counters are per database and shared with every test that ran before in this database,
 -- so the test resets them first. The background reaper (when preloaded) may run a batch at any
 -- time: reaped, reaper_runs and last_reap_at are only checked as lower bounds.
--- Without shared_preload_libraries every counter is NULL (expected/stats_1.out).
+-- The suite needs shared_preload_libraries = 'idempotency'; without it every counter is NULL
+-- (test/t/013_no_preload.pl).
 SET client_min_messages = warning;
 
 -- the view's columns

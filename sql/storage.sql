@@ -1,5 +1,5 @@
 --
--- The data path under the SQL API (SPEC §7): what each call writes (from the table's own
+-- The data path under the SQL API (docs/contract.md §7): what each call writes (from the table's own
 -- statistics), index and heap consistency after churn (amcheck), large TOASTed responses and
 -- requests, the longest keys, and a table whose files are rewritten (TRUNCATE, VACUUM FULL,
 -- REINDEX) under the functions.

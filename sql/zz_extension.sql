@@ -1,5 +1,5 @@
 --
--- The extension as a whole (SPEC §1, §2): catalog properties of the API, DROP and CREATE
+-- The extension as a whole (docs/contract.md §1, §2): catalog properties of the API, DROP and CREATE
 -- EXTENSION in one session, and an extension schema other than public: the functions find
 -- their table through the extension's schema, never through search_path.
 -- Named zz_ so that it runs last; it leaves the extension installed in public as it found it.

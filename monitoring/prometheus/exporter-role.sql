@@ -4,9 +4,10 @@
 -- Run it as a superuser in every database that has the extension and is scraped:
 --   psql -d app -f exporter-role.sql
 -- Per-scope series (idem_scope_stats) carry scope names as labels, which can name tenants: only
--- with -v per_scope=on does the role get SELECT on idem_keys.scope, which lets it see them.
--- then let the role log in (pg_hba.conf: peer over the unix socket for the exporter's system
--- user, or scram-sha-256 after ALTER ROLE idempotency_exporter PASSWORD '...').
+-- with -v per_scope=on does the role get SELECT on idem_keys.scope, which lets it see them; run
+-- without it (or with -v per_scope=off) the script takes that grant back, so the role ends up
+-- with what this run's flags say. Then let the role log in (monitoring/prometheus/README.md: a
+-- password and a password file, or peer over the unix socket for the exporter's system user).
 DO $$
 DECLARE
     extschema name;
@@ -42,8 +43,11 @@ $$;
 \set per_scope off
 \endif
 \if :per_scope
-SELECT pg_catalog.format('GRANT SELECT (scope) ON %I.idem_keys TO idempotency_exporter', n.nspname)
+\set scope_grant 'GRANT SELECT (scope) ON %I.idem_keys TO idempotency_exporter'
+\else
+\set scope_grant 'REVOKE SELECT (scope) ON %I.idem_keys FROM idempotency_exporter'
+\endif
+SELECT pg_catalog.format(:'scope_grant', n.nspname)
   FROM pg_catalog.pg_extension AS e JOIN pg_catalog.pg_namespace AS n ON n.oid = e.extnamespace
  WHERE e.extname = 'idempotency'
 \gexec
-\endif

@@ -30,18 +30,21 @@ CREATE TABLE idem_partition.config (
     partition  integer NOT NULL,
     partitions integer NOT NULL,
     accepting  boolean NOT NULL,
+    -- the resharding that configured this partition as a new one (idem_scaleout.py reshard):
+    -- a run that failed recognises its own leftovers by it, and refuses anyone else's
+    resharding text,
     CHECK (partitions > 0 AND partitions & (partitions - 1) = 0),
     CHECK (partition >= 0 AND partition < partitions)
 );
 
 CREATE FUNCTION idem_partition.configure(partition integer, partitions integer,
-                                         accepting boolean DEFAULT true)
+                                         accepting boolean DEFAULT true, resharding text DEFAULT NULL)
 RETURNS idem_partition.config LANGUAGE sql AS $$
-    INSERT INTO idem_partition.config AS c (partition, partitions, accepting)
-    VALUES (configure.partition, configure.partitions, configure.accepting)
+    INSERT INTO idem_partition.config AS c (partition, partitions, accepting, resharding)
+    VALUES (configure.partition, configure.partitions, configure.accepting, configure.resharding)
     ON CONFLICT (singleton) DO UPDATE
         SET partition = excluded.partition, partitions = excluded.partitions,
-            accepting = excluded.accepting
+            accepting = excluded.accepting, resharding = excluded.resharding
     RETURNING c.*
 $$;
 
@@ -60,7 +63,7 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'this database is not configured as an idempotency partition'
             USING ERRCODE = 'IK900',
-                  HINT = 'Run SELECT idem_partition.configure(partition, partitions) (scale-out/generate).';
+                  HINT = 'Run SELECT idem_partition.configure(partition, partitions) (scale-out/idem_scaleout.py partition-config prints it).';
     END IF;
     owner := idem_partition.idem_scope_partition(scope, c.partitions);
     IF owner <> c.partition THEN
@@ -206,7 +209,7 @@ RETURNS SETOF record LANGUAGE sql STABLE AS $$
     SELECT scope, key, attempt, locked_until, created_at, stalled_for FROM %1$s.idem_stalled
 $$;
 
--- One row for monitoring through the proxy (RUN ON ALL): which partition answers, and its counters.
+-- One row for monitoring through the proxy (idem_partition_stats()): which partition answers, and its counters.
 CREATE FUNCTION idem_partition.stats(OUT partition integer, OUT partitions integer, OUT accepting boolean,
                                      OUT claims bigint, OUT inserted bigint, OUT replays bigint,
                                      OUT in_progress bigint, OUT takeovers bigint, OUT mismatches bigint,
@@ -226,4 +229,4 @@ $do$;
 GRANT USAGE ON SCHEMA idem_partition TO PUBLIC;
 GRANT SELECT ON idem_partition.config TO PUBLIC;
 -- changing which scopes this partition owns is the operator's (and the resharding tool's)
-REVOKE EXECUTE ON FUNCTION idem_partition.configure(integer, integer, boolean) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION idem_partition.configure(integer, integer, boolean, text) FROM PUBLIC;

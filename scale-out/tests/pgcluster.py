@@ -63,7 +63,7 @@ class Deployment:
     """N partitions (each with the extension, its reaper and schema idem_partition) and a proxy."""
 
     def __init__(self, root: Path, partitions: int, spare: int = 0, first_port: int = FIRST_PORT,
-                 extra_conf: str = ""):
+                 extra_conf: str = "", proxies: int = 1):
         self.root = root
         template = root / "template"
         if not template.exists():
@@ -90,18 +90,24 @@ log_min_messages = warning
                 cluster.psql_script("idem", f"SELECT idem_partition.configure({i}, {partitions})")
             self.partitions.append(cluster)
             port += 1
-        # the proxy has no keys: no reaper coming and going there
-        self.proxy = Cluster(root, f"proxy{port}", port, template, "idempotency.reaper_enabled = off\n")
-        self.proxy.psql_script("idem", file=HERE / "sql" / "proxy.sql")
+        # the proxies have no keys: no reaper coming and going there
+        self.proxies = []
+        for _ in range(proxies):
+            proxy = Cluster(root, f"proxy{port}", port, template, "idempotency.reaper_enabled = off\n")
+            proxy.psql_script("idem", file=HERE / "sql" / "proxy.sql")
+            self.proxies.append(proxy)
+            port += 1
+        self.proxy = self.proxies[0]
         self.configure_proxy(self.partitions[:partitions])
 
     def configure_proxy(self, partitions: list[Cluster]) -> None:
         import idem_scaleout
-        with self.proxy.connect() as conn:
-            conn.execute(idem_scaleout.proxy_config_sql([p.dsn for p in partitions]))
+        for proxy in self.proxies:
+            with proxy.connect() as conn:
+                conn.execute(idem_scaleout.proxy_config_sql([p.dsn for p in partitions]))
 
     def close(self) -> None:
-        for cluster in self.partitions + [self.proxy]:
+        for cluster in self.partitions + self.proxies:
             cluster.stop("immediate")
 
 

@@ -1,5 +1,8 @@
 #include "access/expiry.hpp"
 
+#include "access/bitmapsweep.hpp"
+#include "common/compat.hpp"
+
 extern "C" {
 #include "access/brin_revmap.h"
 #include "catalog/pg_am_d.h"
@@ -8,7 +11,7 @@ extern "C" {
 namespace idem {
 
 // Where this backend's last bitmap expiry scan stopped, for the table with this storage.
-static RelFileNode expiry_resume_node;
+static compat::Storage expiry_resume_storage;
 static BlockNumber expiry_resume_block = 0;
 
 void
@@ -20,42 +23,17 @@ keytable_expiry_begin(KeyTable *kt, ExpiryScan *es, TimestampTz until, Snapshot 
 	key.sk_argument = TimestampTzGetDatum(until);
 	if (kt->expiry->rd_indam->amgettuple != nullptr)
 	{
-		es->scan = index_beginscan(kt->rel, kt->expiry, snapshot, 1, 0);
+		es->scan = compat::begin_index_scan(kt->rel, kt->expiry, snapshot, 1, 0);
 		index_rescan(es->scan, &key, 1, nullptr, 0);
 		return;
 	}
-	IndexScanDesc scan = index_beginscan_bitmap(kt->expiry, snapshot, 1);
+	IndexScanDesc scan = compat::begin_index_bitmap_scan(kt->expiry, snapshot, 1);
 	index_rescan(scan, &key, 1, nullptr, 0);
-	es->bitmap = tbm_create(work_mem * INT64CONST(1024), nullptr);
-	index_getbitmap(scan, es->bitmap);
+	TIDBitmap *bitmap = tbm_create(work_mem * INT64CONST(1024), nullptr);
+	index_getbitmap(scan, bitmap);
 	index_endscan(scan);
-	es->heap = table_beginscan_bm(kt->rel, snapshot, 0, nullptr);
-	es->iterator = tbm_begin_iterate(es->bitmap);
-	bool same_storage = RelFileNodeEquals(expiry_resume_node, kt->rel->rd_node);
-	es->start = same_storage ? expiry_resume_block : 0;
-}
-
-// The next page of the bitmap in this sweep, read; false when both sweeps are done.
-static bool
-next_expiry_page(ExpiryScan *es)
-{
-	for (;;)
-	{
-		es->page = tbm_iterate(es->iterator);
-		if (es->page == nullptr || (es->second_sweep && es->page->blockno >= es->start))
-		{
-			if (es->second_sweep || es->start == 0)
-				return false;
-			tbm_end_iterate(es->iterator);
-			es->iterator = tbm_begin_iterate(es->bitmap);
-			es->second_sweep = true;
-			continue;
-		}
-		if (!es->second_sweep && es->page->blockno < es->start)
-			continue;
-		if (table_scan_bitmap_next_block(es->heap, es->page))
-			return true;
-	}
+	bool same_storage = compat::same_storage(expiry_resume_storage, compat::storage_of(kt->rel));
+	es->sweep = bitmap_sweep_begin(kt->rel, snapshot, bitmap, same_storage ? expiry_resume_block : 0);
 }
 
 bool
@@ -63,38 +41,28 @@ keytable_expiry_next(KeyTable *kt, ExpiryScan *es)
 {
 	if (es->scan != nullptr)
 		return index_getnext_slot(es->scan, ForwardScanDirection, kt->found);
-	for (;;)
+	while (bitmap_sweep_next(es->sweep, kt->found))
 	{
-		if (es->page == nullptr && !next_expiry_page(es))
-			return false;
-		if (!table_scan_bitmap_next_tuple(es->heap, es->page, kt->found))
-		{
-			es->page = nullptr;
-			continue;
-		}
 		// The bitmap is lossy: a page of a summarized range may hold keys that expire later.
 		bool isnull;
 		Datum expires = slot_getattr(kt->found, kt->catalog.attnum[COL_EXPIRES_AT], &isnull);
 		if (!isnull && DatumGetTimestampTz(expires) <= es->until)
 		{
-			expiry_resume_node = kt->rel->rd_node;
+			expiry_resume_storage = compat::storage_of(kt->rel);
 			expiry_resume_block = ItemPointerGetBlockNumber(&kt->found->tts_tid);
 			return true;
 		}
 	}
+	return false;
 }
 
 void
 keytable_expiry_end(ExpiryScan *es)
 {
 	if (es->scan != nullptr)
-	{
 		index_endscan(es->scan);
-		return;
-	}
-	table_endscan(es->heap);
-	tbm_end_iterate(es->iterator);
-	tbm_free(es->bitmap);
+	else
+		bitmap_sweep_end(es->sweep);
 }
 
 // Is the range that starts at this block summarized (or being summarized right now)?
@@ -103,7 +71,7 @@ range_summarized(BrinRevmap *revmap, BlockNumber start, Buffer *buf)
 {
 	OffsetNumber off;
 	BrinTuple *summary =
-	    brinGetTupleForHeapBlock(revmap, start, buf, &off, nullptr, BUFFER_LOCK_SHARE, nullptr);
+	    compat::brin_range_summary(revmap, start, buf, &off, BUFFER_LOCK_SHARE);
 	if (summary == nullptr)
 		return false;
 	LockBuffer(*buf, BUFFER_LOCK_UNLOCK);
@@ -121,7 +89,7 @@ summarize_new_ranges(Relation rel, Relation index)
 	// last, partial, range stays unsummarized: a summary of it would make every insert there
 	// widen the summary, an index write per claim.
 	BlockNumber per_range;
-	BrinRevmap *revmap = brinRevmapInitialize(index, &per_range, nullptr);
+	BrinRevmap *revmap = compat::open_brin_range_map(index, &per_range);
 	BlockNumber complete_end = RelationGetNumberOfBlocks(rel) / per_range * per_range;
 	BlockNumber first_new = complete_end;
 	Buffer buf = InvalidBuffer;

@@ -14,12 +14,7 @@ struct ExpiryScan
 {
 	TimestampTz until;
 	IndexScanDesc scan;          // ordered index scan
-	TIDBitmap *bitmap;           // bitmap heap scan
-	TBMIterator *iterator;
-	TBMIterateResult *page;
-	TableScanDesc heap;
-	BlockNumber start;           // first sweep: blocks >= start; second sweep: blocks < start
-	bool second_sweep;
+	struct BitmapSweep *sweep;   // else the bitmap's pages (access/bitmapsweep.hpp)
 };
 void keytable_expiry_begin(KeyTable *kt, ExpiryScan *es, TimestampTz until, Snapshot snapshot);
 bool keytable_expiry_next(KeyTable *kt, ExpiryScan *es);

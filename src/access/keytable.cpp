@@ -3,6 +3,7 @@
 #include "access/lockwait.hpp"
 #include "access/rowsecurity.hpp"
 #include "access/writememo.hpp"
+#include "common/compat.hpp"
 
 namespace idem {
 
@@ -131,7 +132,7 @@ keytable_prepare_write(KeyTable *kt)
 	// key cost more than the look-up's descent.
 	InitDirtySnapshot(kt->lookup_snapshot);
 	kt->lookup_context = CurrentMemoryContext;
-	kt->lookup = index_beginscan(kt->rel, kt->pkey, &kt->lookup_snapshot, 2, 0);
+	kt->lookup = compat::begin_index_scan(kt->rel, kt->pkey, &kt->lookup_snapshot, 2, 0);
 	for (int i = 0; i < kt->nindexes; i++)
 	{
 		const IndexInfo *info = kt->index_info[i];
@@ -191,7 +192,7 @@ look_up(KeyTable *kt, Snapshot snapshot, ScanKey keys)
 {
 	if (kt->lookup == nullptr)
 	{
-		IndexScanDesc scan = index_beginscan(kt->rel, kt->pkey, snapshot, 2, 0);
+		IndexScanDesc scan = compat::begin_index_scan(kt->rel, kt->pkey, snapshot, 2, 0);
 		index_rescan(scan, keys, 2, nullptr, 0);
 		bool found = index_getnext_slot(scan, ForwardScanDirection, kt->found);
 		index_endscan(scan);
@@ -258,7 +259,7 @@ keytable_find_visible(KeyTable *kt, Datum scope, Datum key, Snapshot snapshot)
 {
 	ScanKeyData keys[2];
 	pkey_scankeys(kt, scope, key, keys);
-	IndexScanDesc scan = index_beginscan(kt->rel, kt->pkey, snapshot, 2, 0);
+	IndexScanDesc scan = compat::begin_index_scan(kt->rel, kt->pkey, snapshot, 2, 0);
 	index_rescan(scan, keys, 2, nullptr, 0);
 	bool found = index_getnext_slot(scan, ForwardScanDirection, kt->found);
 	index_endscan(scan);
@@ -393,17 +394,22 @@ index_values(KeyTable *kt, int i, Datum *values, bool *isnull)
 
 // Adds the index entries of the tuple in kt->written, as ExecInsertIndexTuples does. With
 // `speculative`, the primary key is checked without waiting or raising (UNIQUE_CHECK_PARTIAL), and
-// false means a possible conflict there.
+// false means a possible conflict there. With `summarizing_only`, only summarizing indexes (BRIN)
+// get one: the update was HOT for the others.
 static bool
-insert_index_entries(KeyTable *kt, bool speculative)
+insert_index_entries(KeyTable *kt, bool speculative, bool summarizing_only = false)
 {
 	TupleTableSlot *slot = kt->written;
 	bool unique_ok = true;
+	for (int i = 0; i < kt->nindexes; i++)
+		compat::begin_row_index_inserts(kt->index_info[i]);
 	for (int i = 0; i < kt->nindexes; i++)
 	{
 		Relation index = kt->indexes[i];
 		if (!kt->index_info[i]->ii_ReadyForInserts)
 			continue; // being built concurrently
+		if (summarizing_only && !compat::index_summarizes(index))
+			continue;
 		Datum values[INDEX_MAX_KEYS];
 		bool isnull[INDEX_MAX_KEYS];
 		if (!index_values(kt, i, values, isnull))
@@ -419,6 +425,8 @@ insert_index_entries(KeyTable *kt, bool speculative)
 		if (check == UNIQUE_CHECK_PARTIAL && !ok)
 			unique_ok = false;
 	}
+	for (int i = 0; i < kt->nindexes; i++)
+		compat::end_row_index_inserts(kt->indexes[i], kt->index_info[i]);
 	return unique_ok;
 }
 
@@ -463,16 +471,16 @@ keytable_update(KeyTable *kt, const KeyRow *row)
 	store_written(kt, row, kt->found);
 	TM_FailureData tmfd;
 	LockTupleMode lockmode;
-	bool update_indexes;
-	TM_Result result = table_tuple_update(kt->rel, &otid, kt->written, GetCurrentCommandId(true),
-	                                      statement_snapshot(), InvalidSnapshot, true, &tmfd,
-	                                      &lockmode, &update_indexes);
+	compat::NewIndexEntries entries;
+	TM_Result result = compat::tuple_update(kt->rel, &otid, kt->written, GetCurrentCommandId(true),
+	                                        statement_snapshot(), InvalidSnapshot, true, &tmfd,
+	                                        &lockmode, &entries);
 	switch (result)
 	{
 		case TM_Ok:
-			// A HOT update needs no new index entries.
-			if (update_indexes)
-				insert_index_entries(kt, false);
+			// A HOT update needs no new index entries, but for summarizing indexes from 16.
+			if (entries != compat::NewIndexEntries::none)
+				insert_index_entries(kt, false, entries == compat::NewIndexEntries::summarizing_only);
 			writememo_remember(kt, row->value[COL_SCOPE], row->value[COL_KEY]);
 			return result;
 		case TM_Updated:

@@ -1,5 +1,7 @@
 #include "access/lockwait.hpp"
 
+#include "common/compat.hpp"
+
 namespace idem {
 
 // Milliseconds from now to the deadline, rounded up; at least 1, since 0 disables lock_timeout.
@@ -59,7 +61,7 @@ bool
 xact_wait_until(TransactionId xid, Relation rel, ItemPointer tid, TimestampTz deadline)
 {
 	if (deadline <= GetCurrentTimestamp())
-		return ConditionalXactLockTableWait(xid);
+		return compat::transaction_ended_without_waiting(xid);
 	auto wait = [&] { XactLockTableWait(xid, rel, tid, XLTW_InsertIndex); };
 	return with_lock_deadline(deadline, wait);
 }

@@ -1,5 +1,7 @@
 #include "access/writememo.hpp"
 
+#include "common/compat.hpp"
+
 namespace idem {
 
 // The row version this backend wrote last: its table's storage, transaction, place and key.
@@ -8,7 +10,7 @@ namespace idem {
 static struct
 {
 	Oid relid;
-	RelFileNode node;
+	compat::Storage storage;
 	TransactionId xid;
 	ItemPointerData tid;
 	int scope_len;
@@ -23,7 +25,7 @@ static struct
 static struct
 {
 	Oid relid;
-	RelFileNode node;
+	compat::Storage storage;
 	TransactionId xid;
 	text *scope;
 	int n;
@@ -73,7 +75,7 @@ writememo_remember(KeyTable *kt, Datum scope, Datum key)
 	own_last.key_len = klen;
 	own_last.tid = kt->written->tts_tid;
 	own_last.xid = GetTopTransactionId();
-	own_last.node = kt->rel->rd_node;
+	own_last.storage = compat::storage_of(kt->rel);
 	own_last.relid = RelationGetRelid(kt->rel);
 }
 
@@ -81,7 +83,7 @@ bool
 keytable_wrote_last(KeyTable *kt, Datum scope, Datum key)
 {
 	if (own_last.relid != RelationGetRelid(kt->rel) || own_last.xid != GetTopTransactionIdIfAny() ||
-	    !RelFileNodeEquals(own_last.node, kt->rel->rd_node))
+	    !compat::same_storage(own_last.storage, compat::storage_of(kt->rel)))
 		return false;
 	text *s = DatumGetTextPP(scope);
 	text *k = DatumGetTextPP(key);
@@ -109,7 +111,7 @@ keytable_batch_begin(KeyTable *kt, Datum scope, int nkeys)
 	batch_written.tids = (ItemPointerData *) palloc(sizeof(ItemPointerData) * Max(nkeys, 1));
 	MemoryContextSwitchTo(old);
 	batch_written.xid = GetTopTransactionIdIfAny();
-	batch_written.node = kt->rel->rd_node;
+	batch_written.storage = compat::storage_of(kt->rel);
 	batch_written.relid = RelationGetRelid(kt->rel);
 }
 
@@ -143,7 +145,7 @@ static bool
 batch_wrote(KeyTable *kt, Datum scope, Datum key, ItemPointerData *tid)
 {
 	if (batch_written.relid != RelationGetRelid(kt->rel) || batch_written.xid != GetTopTransactionIdIfAny() ||
-	    !RelFileNodeEquals(batch_written.node, kt->rel->rd_node))
+	    !compat::same_storage(batch_written.storage, compat::storage_of(kt->rel)))
 		return false;
 	text *s = DatumGetTextPP(scope);
 	const text *bs = batch_written.scope;

@@ -153,20 +153,35 @@ put_canonical(Sha256 *hash, Jsonb *request, bool trim_numbers)
 	}
 }
 
+// The hash is abandoned here: the next sha256_init starts afresh.
+static void
+report_hash_failure(const Sha256 *hash)
+{
+	if (hash->failure == Sha256Failure::out_of_memory)
+		ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory"),
+		                errdetail("OpenSSL could not compute the request fingerprint: %s failed: %s.",
+		                          hash->failed_call, hash->reason)));
+	ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR),
+	                errmsg("idempotency: OpenSSL could not compute the request fingerprint"),
+	                errdetail("%s failed: %s.", hash->failed_call, hash->reason)));
+}
+
 static bytea *
 fingerprint(text *scope, Jsonb *request, bool trim_numbers)
 {
 	static const char separator = '\0';
 
 	Sha256 hash;
-	sha256_init(&hash);
+	if (!sha256_init(&hash))
+		report_hash_failure(&hash);
 	sha256_update(&hash, VARDATA_ANY(scope), VARSIZE_ANY_EXHDR(scope));
 	sha256_update(&hash, &separator, 1);
 	put_canonical(&hash, request, trim_numbers);
 
 	bytea *digest = (bytea *) palloc(VARHDRSZ + sha256_digest_bytes);
 	SET_VARSIZE(digest, VARHDRSZ + sha256_digest_bytes);
-	sha256_final(&hash, (uint8_t *) VARDATA(digest));
+	if (!sha256_final(&hash, (uint8_t *) VARDATA(digest)))
+		report_hash_failure(&hash);
 	return digest;
 }
 

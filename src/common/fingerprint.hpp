@@ -1,4 +1,5 @@
-// Request fingerprints (SPEC §3, §9.6).
+// Request fingerprints: what they are, docs/concepts.md "Fingerprints"; how they are computed,
+// docs/design.md "Fingerprint".
 #pragma once
 
 #include "common/pg.hpp"

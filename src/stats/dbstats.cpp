@@ -1,5 +1,7 @@
 #include "stats/dbstats.hpp"
 
+#include "common/compat.hpp"
+
 extern "C" {
 #include "port/atomics.h"
 #include "storage/ipc.h"
@@ -191,9 +193,10 @@ my_backend_slot()
 	if (my_backend != nullptr)
 		return my_backend;
 	DbSlot *db = my_database_slot();
-	if (db == nullptr || MyBackendId == InvalidBackendId || MyBackendId > MaxBackends)
+	int backend = compat::my_backend_index();
+	if (db == nullptr || backend < 0 || backend >= MaxBackends)
 		return nullptr;
-	BackendSlot *b = &shared->backend[MyBackendId - 1];
+	BackendSlot *b = &shared->backend[backend];
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
 	b->db = db;
 	LWLockRelease(shared->lock);

@@ -1,5 +1,7 @@
 #include "stats/scopestats.hpp"
 
+#include "common/compat.hpp"
+
 #include "common/settings.hpp"
 #include "stats/dbstats.hpp"
 
@@ -307,7 +309,7 @@ find_or_create(const ScopeKey *key, uint32 hash)
 static int
 my_stripe()
 {
-	return (MyProc != nullptr ? MyProc->pgprocno : MyProcPid) % stripes;
+	return (MyProc != nullptr ? compat::proc_number(MyProc) : MyProcPid) % stripes;
 }
 
 static int

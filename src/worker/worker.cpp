@@ -18,6 +18,7 @@
 // follow common/guard.hpp: no C++ objects with destructors, no exceptions escaping.
 #include "worker/worker.hpp"
 
+#include "common/compat.hpp"
 #include "common/guard.hpp"
 #include "common/settings.hpp"
 #include "core/keystate.hpp"
@@ -421,7 +422,7 @@ utility_hook(PlannedStmt *pstmt, const char *query_string, bool read_only_tree,
 	{
 		Oid dboid = get_database_oid(datname, true);
 		// Only for someone who may do this to the database: nobody else stops a reaper.
-		if (OidIsValid(dboid) && pg_database_ownercheck(dboid, GetUserId()))
+		if (OidIsValid(dboid) && compat::owns_database(dboid, GetUserId()))
 		{
 			int pid = reaper_pid(dboid);
 			if (pid != 0)

@@ -1,4 +1,4 @@
--- idempotency: the extension's objects (SPEC.md section 1).
+-- idempotency: the extension's objects (docs/contract.md §1).
 -- Run with pg_prove in a database where CREATE EXTENSION pgtap and
 -- CREATE EXTENSION idempotency were done beforehand.
 BEGIN;

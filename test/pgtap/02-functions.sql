@@ -1,4 +1,4 @@
--- idempotency: function signatures and properties (SPEC.md section 2).
+-- idempotency: function signatures and properties (docs/contract.md §2).
 -- All routines are VOLATILE, none is STRICT, none is SECURITY DEFINER.
 BEGIN;
 SELECT plan(54);

@@ -1,4 +1,4 @@
--- idempotency: privileges (SPEC.md section 7, brief "Errors").
+-- idempotency: privileges (docs/contract.md §7).
 -- claim, complete and fail need SELECT, INSERT and UPDATE on idem_keys; lookup SELECT;
 -- reap DELETE.  PUBLIC has nothing on idem_keys.  The functions are not SECURITY DEFINER,
 -- so a role without table privileges gets 42501 from each of them.

@@ -1,4 +1,4 @@
--- idempotency: settings (SPEC.md section 6, brief "Settings now").
+-- idempotency: settings (docs/contract.md §6).
 -- The GUCs exist once the library is loaded: with shared_preload_libraries, or at the
 -- first call of one of its functions in this session (the first test does that).
 BEGIN;

@@ -1,4 +1,4 @@
--- idempotency: read-only transactions (brief "Errors": 25006 in a read-only transaction).
+-- idempotency: read-only transactions (docs/contract.md §5: 25006 in a read-only transaction).
 -- The writing functions refuse to run; idem_lookup, which writes nothing, still works.
 -- (pgTAP itself only writes to temporary tables, which a read-only transaction allows.)
 BEGIN;

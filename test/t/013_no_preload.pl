@@ -1,5 +1,7 @@
 # Without shared_preload_libraries: no worker, every function works, idem_stats answers with NULL
-# counters, idem_stats_reset is a no-op, and the scheduling functions explain pg_cron.
+# counters and idem_scope_stats with no rows (after claims, completions, failures and reaps in two
+# scopes), both resets are no-ops, and the scheduling functions explain pg_cron. (The regression
+# suite runs preloaded and checks the counting itself: sql/stats.sql, sql/scope_stats.sql.)
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -26,6 +28,9 @@ sql(q{SELECT idem_claim('x' || g, ttl => '1 millisecond', lease => '1 millisecon
 sleep 0.1;
 is(sql(q{SELECT idem_reap(10)}), 10, 'idem_reap');
 is(sql(q{CALL idem_reap_all(7)}), 20, 'idem_reap_all');
+
+sql(q{SELECT idem_claim('s1', scope => 'named'); SELECT idem_complete('s1', '{}', scope => 'named')});
+is(sql(q{SELECT (idem_claim('s1', scope => 'named')).outcome}), 'replay', 'a replay in a second scope');
 
 is(sql(q{SELECT row(s.*)::text FROM idem_stats s}), '(,,,,,,,,,,,,)', 'idem_stats: one row, every counter NULL');
 is(sql(q{SELECT count(*) FROM idem_stats}), 1, 'exactly one row');

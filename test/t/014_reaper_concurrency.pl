@@ -44,7 +44,8 @@ my $kept = $reaper->query_safe(q{
 	WHERE EXISTS (SELECT 1 FROM idem_keys WHERE key = s.k)});
 note("the open batch deleted $deleted; $kept is expired but not in the batch");
 
-# every one of these runs while the batch is open, with lock_timeout = 1s: none may wait
+# every one of these runs while the batch is open, with lock_timeout = 1s: none may wait (a wait
+# would end in a lock timeout error, whatever the machine's load)
 my $t0 = time;
 my ($rc, $out, $err) = $node->psql('postgres', qq{
 	SET lock_timeout = '1s';
@@ -58,7 +59,7 @@ my ($rc, $out, $err) = $node->psql('postgres', qq{
 my $took = time - $t0;
 is($rc, 0, 'claims, completes, takeovers and reaps of other keys on the same pages do not wait') or diag $err;
 is($out, "in_progress\nsucceeded\nreplay\n100\nclaimed|1\n10", 'with the expected outcomes');
-cmp_ok($took, '<', 1, sprintf('all within %.2f s', $took));
+note sprintf('all within %.2f s', $took);
 
 # the deleted key: waits for the open batch (lock_timeout says so)...
 ($rc, $out, $err) = $node->psql('postgres', qq{SET lock_timeout = '500ms'; SELECT idem_claim('$deleted')});
@@ -76,7 +77,7 @@ my $result = $claimer->query_until(qr/\n/, '');
 chomp $result;
 my $after = time - $t1;
 is($result, 'claimed|true', 'after the batch commits the claim inserts the key afresh');
-cmp_ok($after, '<', 1, sprintf('right after the commit (%.2f s)', $after));
+note sprintf('%.2f s after the commit', $after);
 $claimer->quit;
 $reaper->quit;
 

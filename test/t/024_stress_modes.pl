@@ -15,7 +15,7 @@
 #   the transaction rolls back; 10% abandon the key (the worker "crashed").  A completion whose
 #   attempt was taken over gets IK002; finish() catches exactly that, which rolls back its
 #   business row with it, and records the fencing.
-# Scopes 'txwait' and 'leasewait' run the same two scripts with `wait` (SPEC §9.3): a random 0..30 ms
+# Scopes 'txwait' and 'leasewait' run the same two scripts with `wait` (docs/contract.md §9.3): a random 0..30 ms
 # (a quarter of them 0, NOWAIT) in same-transaction mode, where an uncommitted duplicate ends as
 # in_progress with no row to show; a random 0..100 ms in lease mode, where a waiter ends as a
 # replay (woken by the owner's commit), a takeover (lease ended, or a retryable failure) or
@@ -223,8 +223,9 @@ is($rc, 0, 'pgbench exits 0 (no client aborted)');
 unlike($err, qr/ERROR|aborted/, 'no unexpected error (IK002 is caught; nothing else may happen)');
 like($out, qr/number of failed transactions: 0 \(/, 'no failed transaction');
 my ($done) = $out =~ /number of transactions actually processed: (\d+)/;
-note "transactions: $done";
-cmp_ok($done // 0, '>=', 1000, 'at least 1000 transactions ran');
+# how many ran in the time depends on the machine's load: the checks below ask that every kind of
+# event happened, not for a number
+note "transactions: " . ($done // 'none');
 
 # ---- drain: every lease has run out (max 60 ms); take over and complete what is left
 sleep 0.2;
@@ -350,7 +351,7 @@ PostgreSQL::Test::Utils::append_to_file($take_file,
 PostgreSQL::Test::Utils::append_to_file($stale_file,
 	qq{\\set f random(0, 1)\nSELECT stale_finish(:f = 1);});
 @cmd = (
-	'pgbench', '-n', '-c', 16, '-j', 4, '-T', 8,
+	'pgbench', '-n', '-c', 16, '-j', 4, '-t', 150,
 	'-f', "$take_file\@2", '-f', "$stale_file\@1",
 	'-h', $node->host, '-p', $node->port, 'postgres');
 note "running: @cmd";
@@ -364,8 +365,10 @@ my ($takeovers, $stale) = split /\|/, query(q{SELECT attempt - 1, (SELECT count(
 note "race: $takeovers takeovers, $stale stale completions or failures; "
   . query(q{SELECT string_agg(fn || ' ' || sqlstate || '=' || n, ', ') FROM
              (SELECT fn, sqlstate, count(*) n FROM race_log GROUP BY 1, 2 ORDER BY 1, 2) s});
-cmp_ok($takeovers, '>=', 1000, 'race: the key was taken over at least 1000 times');
-cmp_ok($stale, '>=', 500, 'race: at least 500 stale completions and failures ran');
+like($out, qr/number of transactions actually processed: 2400\/2400\b/, 'race: all 2400 transactions ran');
+# 2400 transactions drawn 2:1 (each a takeover, or a stale completion or failure), whatever the load
+cmp_ok($takeovers, '>=', 1400, 'race: the key was taken over at least 1400 times');
+cmp_ok($stale, '>=', 600, 'race: at least 600 stale completions and failures ran');
 is(query(q{SELECT count(*) FROM race_log WHERE sqlstate NOT IN ('IK002', 'IK003')}), '0',
 	'race: no stale completion or failure succeeded or failed otherwise than IK002/IK003');
 is(query(q{SELECT count(*) FROM race_log WHERE sqlstate <> 'IK002'}), '0',

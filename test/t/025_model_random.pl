@@ -1,5 +1,5 @@
 # Model-based randomized test: random operations from three sessions, each result checked against
-# a small Perl model of the contract (SPEC.md sections 2 and 9, docs/concepts.md).
+# a small Perl model of the contract (docs/contract.md §2 and §9, docs/concepts.md).
 #
 # Operations: idem_claim (random key among 7, scope among 2, request: the key's usual one, an
 # equivalent spelling of it, another one, none, or an explicit fingerprint; ttl and lease: the
@@ -270,7 +270,7 @@ sub fingerprint_of
 	return $N;
 }
 
-# SPEC §9.1: past expires_at and no live lease, at clock $now.  Monotonic: once expired at some
+# docs/contract.md §9.1: past expires_at and no live lease, at clock $now.  Monotonic: once expired at some
 # clock, expired at every later one.
 sub expired_at
 {
@@ -363,7 +363,7 @@ sub check_call
 				return "retry_after $r->[6] not in ($lo, $hi] or not positive"
 				  if $r->[6] eq $N || $r->[6] <= 0 || $r->[6] < $lo || $r->[6] > $hi;
 				my $ceil = int(($r->[6] + 999_999) / 1_000_000);
-				# SPEC §9.5: an estimate (from the scope's work times, idem_scope_stats) within
+				# docs/contract.md §9.5: an estimate (from the scope's work times, idem_scope_stats) within
 				# [1, ceil(retry_after)]
 				return "retry_after_s $r->[8] is not within [1, ceil(retry_after) = $ceil]"
 				  if $r->[8] eq $N || $r->[8] < 1 || $r->[8] > $ceil;

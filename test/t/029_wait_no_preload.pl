@@ -1,4 +1,4 @@
-# `wait` without shared_preload_libraries (SPEC §9.3; docs/design.md, "Waiting"): no condition
+# `wait` without shared_preload_libraries (docs/contract.md §9.3; docs/design.md, "Waiting"): no condition
 # variables, so nothing can wake a lease-mode waiter. It then waits only for a lease that ends
 # within `wait`, and otherwise answers in_progress at once; same-transaction mode (a lock wait)
 # works as with the library preloaded.

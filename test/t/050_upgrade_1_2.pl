@@ -1,5 +1,5 @@
 # ALTER EXTENSION idempotency UPDATE from 1.1 to 1.2, run for real, with keys in every state
-# (SPEC §9, §9.6).
+# (docs/contract.md §9, §9.6).
 #
 # Under 1.1 (this library serving a database whose extension is still 1.1): keys pending with a
 # live lease, pending with an ended lease, succeeded, failed (retryable and not), one claimed with

@@ -62,28 +62,30 @@ cmp_ok(sql(q{SELECT retry_after_s FROM idem_claim('job-0', scope => 'work')}), '
 	'no work time known yet: ceil(retry_after), the lease left');
 sql(q{SELECT idem_complete('job-0', '{}', scope => 'work')});
 # A worker that takes about 2 s per job (claim, work, complete, each statement its own
-# transaction), 5 jobs. The work time is what the table says: claimed_at to completed_at. 1.9 s of
-# work puts it mid-bucket in the histogram (1.84 to 2.10 s), so that the estimate's resolution
-# (±10 %) and the rounding up to whole seconds stay within the 1 s checked below.
+# transaction), 5 jobs. The work times are what the table says: claimed_at to completed_at (a
+# loaded machine stretches some of them: the checks compare with the table's own times, never with
+# the 1.9 s asked for). A percentile is the middle of its histogram bucket (±10 %), and the
+# estimate is rounded up to whole seconds: both stay within the 1 s checked below.
 for my $i (1 .. 5)
 {
 	sql(qq{SELECT idem_claim('job-$i', scope => 'work');
 	       SELECT pg_sleep(1.9);
 	       SELECT idem_complete('job-$i', '{}', scope => 'work')});
 }
-my $work_s = sql(q{SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY date_part('epoch', completed_at - claimed_at))
-                   FROM idem_keys WHERE scope = 'work' AND key <> 'job-0'});
+# the same rank as the statistics take (ceil(0.9 n)), over the same attempts (job-0 included)
+my $work_p90_s = sql(q{SELECT percentile_disc(0.9) WITHIN GROUP (ORDER BY date_part('epoch', completed_at - claimed_at))
+                       FROM idem_keys WHERE scope = 'work'});
 my ($p50, $p90) = split /\|/, sql(q{SELECT p50_ms, p90_ms FROM idem_scope_stats WHERE scope = 'work'});
-cmp_ok(abs($p90 / 1000 - $work_s), '<=', 1, "p90 ($p90 ms) within 1 s of the work time ($work_s s)");
-# A duplicate 0.5 s into a job: a retry is useful when the job ends, about 1.5 s later.
+cmp_ok(abs($p90 / 1000 - $work_p90_s), '<=', 1, "p90 ($p90 ms) within 1 s of the table's ($work_p90_s s)");
+# A duplicate 0.5 s into a job: a retry is useful when the job is likely done, at claimed_at + p90.
 sql(q{SELECT idem_claim('job-6', scope => 'work')});
 sleep 0.5;
 my ($retry_after_s, $remaining) = split /\|/, sql(qq{
-	SELECT c.retry_after_s, date_part('epoch', k.claimed_at + interval '$work_s s' - clock_timestamp())
+	SELECT c.retry_after_s, date_part('epoch', k.claimed_at + interval '$p90 ms' - clock_timestamp())
 	FROM idem_claim('job-6', scope => 'work') AS c, idem_keys AS k
 	WHERE k.scope = 'work' AND k.key = 'job-6'});
 cmp_ok(abs($retry_after_s - $remaining), '<=', 1,
-	"retry_after_s ($retry_after_s) within 1 s of the job's remaining time ($remaining s)");
+	"retry_after_s ($retry_after_s) within 1 s of the job's remaining time by p90 ($remaining s)");
 cmp_ok($retry_after_s, '>=', 1, 'and at least 1');
 # Never more than the lease allows.
 sql(q{SELECT idem_claim('job-7', scope => 'work', lease => '1 second')});
@@ -106,7 +108,7 @@ $node->restart;
 is(sql(q{SELECT count(*) FROM idem_scope_stats}), 0, 'none after a restart');
 cmp_ok(sql(q{SELECT retry_after_s FROM idem_claim('job-8', scope => 'work')}), '>=', 10,
 	'the work time is forgotten with them: the lease left again');
-ok(!$node->log_contains(qr/TRAP|server process .* was terminated/), 'no crash in the log');
+ok(!$node->log_contains(qr/TRAP|\(PID \d+\) was terminated/), 'no crash in the log');
 
 $node->stop;
 done_testing();

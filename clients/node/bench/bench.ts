@@ -12,7 +12,7 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Client, Pool, type ClientConfig } from 'pg';
 import { IdempotencyStore } from '../src';
-import { idempotent } from '../src/express';
+import { idempotent, keepRawBody } from '../src/express';
 
 const arg = (name: string, fallback: number) => {
   const i = process.argv.indexOf(`--${name}`);
@@ -45,7 +45,7 @@ function middlewareApp(store: IdempotencyStore, mode: 'transaction' | 'lease') {
     } as Response['end'];
     next();
   });
-  app.use(express.json());
+  app.use(express.json({ verify: keepRawBody }));
   app.post('/orders', idempotent(store, { required: true, mode }), async (req, res) => {
     const ctx = req.idempotency!;
     const db = ctx.client ?? store.pool;
@@ -58,7 +58,7 @@ function middlewareApp(store: IdempotencyStore, mode: 'transaction' | 'lease') {
 /** What a user would write by hand for the same endpoint (no byte-exact replay, no retries). */
 function handWrittenApp(pool: Pool) {
   const app = express();
-  app.use(express.json());
+  app.use(express.json({ verify: keepRawBody }));
   app.post('/orders', async (req, res) => {
     const key = req.get('idempotency-key');
     if (!key) {

@@ -44,6 +44,15 @@ export class InvalidArgumentError extends IdempotencyError {}
 export class TransientError extends IdempotencyError {}
 /** 25006: a write on a read-only transaction or a hot standby (503). */
 export class ReadOnlyError extends IdempotencyError {}
+/**
+ * IK006 (extension 1.5): a restore could not put the recorded tenant policies back, and the
+ * server refuses the roles they would confine until an operator runs idem_row_security_apply() (503).
+ */
+export class RowSecurityNotInForceError extends IdempotencyError {}
+/** IK900 (scale-out): the scope moved to another partition during the call (a resharding); retry (503). */
+export class ScopeMovedError extends TransientError {}
+/** IK901 (scale-out): the scope's partition cannot be reached; retry later (503). */
+export class PartitionUnavailableError extends TransientError {}
 /** The installed extension is older than the feature asked for. */
 export class UnsupportedVersionError extends IdempotencyError {
   readonly requiredVersion: string;
@@ -76,6 +85,9 @@ const bySqlstate: Record<string, [new (m: string, s: number, e: DatabaseErrorLik
   '55P03': [TransientError, 503],
   '57014': [TransientError, 503],
   '25006': [ReadOnlyError, 503],
+  IK006: [RowSecurityNotInForceError, 503],
+  IK900: [ScopeMovedError, 503],
+  IK901: [PartitionUnavailableError, 503],
 };
 
 /** The typed error for a driver error, or the error itself when it is not one of ours. */

@@ -1,5 +1,6 @@
 import type { NextFunction, Request, RequestHandler, Response } from 'express';
-import { HttpIdempotency, toHeaderRecord, type HttpIdempotencyOptions, type HttpResponse, type IdempotencyContext } from './http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { HttpIdempotency, RawBodyUnavailableError, toHeaderRecord, type HttpIdempotencyOptions, type HttpResponse, type IdempotencyContext } from './http';
 import type { IdempotencyStore } from './store';
 
 declare global {
@@ -12,22 +13,48 @@ declare global {
   }
 }
 
-export interface ExpressIdempotencyOptions extends HttpIdempotencyOptions {
+export interface ExpressIdempotencyOptions extends HttpIdempotencyOptions<Request> {
   /** Tenant of the request (e.g. from its authentication): part of the scope. */
   tenant?: (req: Request) => string | undefined;
 }
 
+const RAW_BODY = Symbol('idempotency raw body');
+type WithRawBody = Request & { [RAW_BODY]?: Buffer };
+
 /**
- * Express middleware; mount it on the route (`app.post('/orders', express.json(), idempotent(...),
- * handler)`) so that the scope is the method and the route pattern. The handler's response is
- * held until the key is stored (and, in same-transaction mode, committed), then sent.
+ * The `verify` option for express.json(), express.text(), express.raw() and
+ * express.urlencoded(): keeps the exact bytes they parse, which the fingerprint needs
+ * (`express.json({ verify: keepRawBody })`). Bodies no parser reads are read by the middleware.
+ */
+export function keepRawBody(req: IncomingMessage, _res: ServerResponse, buf: Buffer): void {
+  (req as WithRawBody)[RAW_BODY] = buf;
+}
+
+/** The body's exact bytes, once the middleware (or keepRawBody) has them. */
+export function rawBody(req: Request): Buffer | undefined {
+  return (req as WithRawBody)[RAW_BODY];
+}
+
+/**
+ * Express middleware; mount it on the route, after the body parsers
+ * (`app.post('/orders', express.json({ verify: keepRawBody }), idempotent(store), handler)`), so
+ * that the scope is the method and the route pattern. The handler's response is held until the
+ * key is stored (and, in same-transaction mode, committed), then sent.
  */
 export function idempotent(store: IdempotencyStore, options: ExpressIdempotencyOptions = {}): RequestHandler {
-  const http = new HttpIdempotency(store, options);
+  const http = new HttpIdempotency<Request>(store, options);
   return (req: Request, res: Response, next: NextFunction) => {
     const route = req.route?.path === undefined ? req.path : `${req.baseUrl}${String(req.route.path)}`;
     http
-      .begin({ method: req.method, route, tenant: options.tenant?.(req), headers: req.headers, rawHeaders: req.rawHeaders, body: req.body })
+      .begin({
+        request: req,
+        method: req.method,
+        target: req.originalUrl,
+        route,
+        tenant: options.tenant?.(req),
+        rawHeaders: req.rawHeaders,
+        readBody: () => readRawBody(req as WithRawBody),
+      })
       .then((decision) => {
         if (decision.kind === 'pass') return next();
         if (decision.kind === 'respond') return send(res, decision.response);
@@ -37,6 +64,33 @@ export function idempotent(store: IdempotencyStore, options: ExpressIdempotencyO
       })
       .catch(next);
   };
+}
+
+/**
+ * The bytes kept by keepRawBody, or the stream read here when no parser read it. A stream that a
+ * parser consumed without keepRawBody cannot be known: refused, never guessed.
+ */
+async function readRawBody(req: WithRawBody): Promise<Buffer> {
+  const kept = req[RAW_BODY];
+  if (kept !== undefined) return kept;
+  if (req.readableEnded || req.readableFlowing !== null) {
+    if (!hasBody(req)) return Buffer.alloc(0);
+    throw new RawBodyUnavailableError(
+      'a body parser read the request body without keeping its bytes: give it { verify: keepRawBody }',
+    );
+  }
+  const chunks: Buffer[] = [];
+  for await (const chunk of req) chunks.push(chunk as Buffer);
+  const body = Buffer.concat(chunks);
+  req[RAW_BODY] = body;
+  return body;
+}
+
+/** Whether the request announced a body (as body-parsers decide it). */
+function hasBody(req: IncomingMessage): boolean {
+  if (req.headers['transfer-encoding'] !== undefined) return true;
+  const length = req.headers['content-length'];
+  return length !== undefined && Number(length) > 0;
 }
 
 /** Hold the handler's writeHead/write/end until `finish` has stored the response. */

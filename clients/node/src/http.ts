@@ -1,7 +1,15 @@
-import { createHash } from 'node:crypto';
-import type { IncomingHttpHeaders, OutgoingHttpHeaders } from 'node:http';
+import { STATUS_CODES, type OutgoingHttpHeaders } from 'node:http';
 import type { PoolClient } from 'pg';
-import { IdempotencyError, StaleAttemptError, TransientError, isSerializationFailure, translateError } from './errors';
+import {
+  IdempotencyError,
+  PartitionUnavailableError,
+  RowSecurityNotInForceError,
+  StaleAttemptError,
+  TransientError,
+  isSerializationFailure,
+  translateError,
+} from './errors';
+import { httpFingerprint, parseKeyHeader } from './request';
 import { resolveHeartbeat, startHeartbeat, type Heartbeat, type IsolationLevel } from './run';
 import type { ClaimOptions, ClaimResult, Duration, FinishOptions, IdempotencyStore } from './store';
 
@@ -19,38 +27,54 @@ export interface HttpResponse {
  */
 export type StatusOutcome = 'succeeded' | 'failed' | 'retry';
 
-/** 5xx, 408, 425 and 429 are worth retrying; other 4xx are the request's fault; the rest succeeded. */
+/** docs/http.md, "What is stored": 5xx, 408, 425 and 429 are retryable; other 4xx final; the rest succeeded. */
 export function defaultOutcomeForStatus(status: number): StatusOutcome {
   if (status >= 500 || status === 408 || status === 425 || status === 429) return 'retry';
   if (status >= 400) return 'failed';
   return 'succeeded';
 }
 
-export interface HttpIdempotencyOptions {
+/** An answer a `validate` hook gives instead of running the route: a JSON body unless bytes or text. */
+export interface ValidationAnswer {
+  status: number;
+  headers?: Record<string, string | string[]>;
+  body?: unknown;
+}
+
+export interface HttpIdempotencyOptions<Req = unknown> {
   /** `transaction` (default): the handler writes through the claim's transaction; `lease`: autocommit claim. */
   mode?: 'transaction' | 'lease';
   /** Answer 400 when the header is missing (default false: such requests pass through untouched). */
   required?: boolean;
-  /** Default `idempotency-key`. */
+  /** Default `Idempotency-Key`. */
   headerName?: string;
   /** Default 255, as the extension's idempotency.max_key_length. */
   maxKeyLength?: number;
-  /** Request headers that are part of the fingerprint (lower case). */
+  /** Request headers that are part of the fingerprint. */
   fingerprintHeaders?: string[];
   /** Response headers stored and replayed with the body (default content-type and location). */
   replayHeaders?: string[];
   ttl?: Duration;
   /** Lease mode: how long the key stays ours without a heartbeat (default 60 s). */
   lease?: Duration;
-  /** Lease mode, 1.2: milliseconds between heartbeats, or false (default a third of the lease on 1.2). */
+  /** Lease mode, 1.2 or later: milliseconds between heartbeats, or false (default a third of the lease). */
   heartbeatMs?: number | false;
-  /** 1.2: wait this long for an in-flight duplicate before answering 409. */
+  /** 1.2 or later: wait this long for an in-flight duplicate before answering 409. */
   wait?: Duration;
   isolationLevel?: IsolationLevel;
   /** Claims rolled back by 40001 / 40P01 are tried again this many times (default 3), then 503. */
   maxRetries?: number;
   outcomeForStatus?: (status: number) => StatusOutcome;
-  /** Told about database errors that were answered with 5xx (for your logger). */
+  /**
+   * Same-transaction mode: keep the handler's writes when its answer is a stored failure (4xx).
+   * Default false: they are rolled back to the savepoint taken after the claim.
+   */
+  keepWritesOnError?: boolean;
+  /** Runs before the key is claimed; an answer it gives is sent and nothing is stored for the key. */
+  validate?: (request: Req) => ValidationAnswer | undefined | Promise<ValidationAnswer | undefined>;
+  /** Runs once the response is stored (and committed), before it is sent; its failure goes to onError. */
+  onCommitted?: (request: Req, response: HttpResponse) => void | Promise<void>;
+  /** Told about errors that were answered with 5xx, and about a failed onCommitted (for your logger). */
   onError?: (error: unknown) => void;
 }
 
@@ -65,16 +89,19 @@ export interface IdempotencyContext {
   signal: AbortSignal;
 }
 
-export interface RequestInput {
+export interface RequestInput<Req = unknown> {
+  /** The framework's request, handed to the hooks. */
+  request: Req;
   method: string;
+  /** The request target as received: path and query, not decoded. */
+  target: string;
   /** The route pattern (`/orders/:id`), not the URL, so that one endpoint is one scope. */
   route: string;
   tenant?: string;
-  headers: IncomingHttpHeaders;
-  /** node's raw header list: Node joins a repeated header into one value, this shows the repeat. */
+  /** node's raw header list: it shows a repeated header that Node would join or drop. */
   rawHeaders: string[];
-  /** The parsed body (JSON value), a string or a Buffer, or undefined. */
-  body: unknown;
+  /** The body's exact bytes, read once the key is known to be needed. */
+  readBody: () => Promise<Buffer>;
 }
 
 export type Decision =
@@ -90,54 +117,82 @@ export interface Session {
   abandon(): Promise<void>;
 }
 
+/** The machine-readable `code` of each problem answer (docs/http.md, "Errors"). */
+export type ProblemCode =
+  | 'idempotency_key_missing'
+  | 'idempotency_key_invalid'
+  | 'idempotency_key_in_progress'
+  | 'idempotency_key_mismatch'
+  | 'idempotency_unavailable'
+  | 'idempotency_attempt_stale'
+  | 'idempotency_raw_body_unavailable'
+  | 'idempotency_internal_error';
+
+/** The raw body cannot be known (a parser consumed it without keeping it): a setup error, answered 500. */
+export class RawBodyUnavailableError extends Error {}
+
 const ENVELOPE = 'idempotency_http';
+const SAVEPOINT = 'idempotency_handler';
 
 /**
  * The HTTP rules shared by the Express and Fastify adapters: key checks, scope, fingerprint,
- * claim, replay, and the mapping of outcomes and errors to status codes.
+ * claim, replay, and the mapping of outcomes and errors to status codes (docs/http.md).
  */
-export class HttpIdempotency {
+export class HttpIdempotency<Req = unknown> {
   readonly store: IdempotencyStore;
-  private readonly options: HttpIdempotencyOptions;
+  private readonly options: HttpIdempotencyOptions<Req>;
 
-  constructor(store: IdempotencyStore, options: HttpIdempotencyOptions = {}) {
+  constructor(store: IdempotencyStore, options: HttpIdempotencyOptions<Req> = {}) {
     this.store = store;
     this.options = options;
   }
 
-  async begin(input: RequestInput): Promise<Decision> {
+  async begin(input: RequestInput<Req>): Promise<Decision> {
     const o = this.options;
-    const headerName = o.headerName ?? 'idempotency-key';
-    const raw = input.headers[headerName];
-    if (raw === undefined) {
-      return o.required ? respond(problem(400, 'the Idempotency-Key header is required')) : { kind: 'pass' };
+    const headerName = o.headerName ?? 'Idempotency-Key';
+    const header = parseKeyHeader(input.rawHeaders, headerName, o.maxKeyLength ?? 255);
+    if (header.kind === 'invalid') return respond(problem(400, 'idempotency_key_invalid', header.detail));
+    if (header.kind === 'missing' && o.required) {
+      return respond(problem(400, 'idempotency_key_missing', `this route requires the ${headerName} header`));
     }
-    const key = Array.isArray(raw) || isRepeated(input.rawHeaders, headerName) ? undefined : raw;
-    const keyProblem = checkKey(key, o.maxKeyLength ?? 255);
-    if (keyProblem) return respond(problem(400, keyProblem));
-    let request: unknown;
+    if (o.validate) {
+      const answer = await o.validate(input.request);
+      if (answer !== undefined) return respond(validationResponse(answer));
+    }
+    if (header.kind === 'missing') return { kind: 'pass' };
+    let body: Buffer;
     try {
-      request = requestDocument(input, o.fingerprintHeaders ?? []);
+      body = await input.readBody();
     } catch (err) {
-      if (err instanceof BadBody) return respond(problem(400, err.message));
-      throw err;
+      if (!(err instanceof RawBodyUnavailableError)) throw err;
+      o.onError?.(err);
+      return respond(problem(500, 'idempotency_raw_body_unavailable', err.message));
     }
+    const fingerprint = httpFingerprint({
+      method: input.method,
+      target: input.target,
+      rawHeaders: input.rawHeaders,
+      fingerprintHeaders: o.fingerprintHeaders,
+      body,
+    });
     const scope = input.tenant === undefined ? `${input.method} ${input.route}` : `${input.tenant}:${input.method} ${input.route}`;
-    const claimOptions: ClaimOptions = { key: key as string, scope, request, ttl: o.ttl, wait: o.wait };
+    const claimOptions: ClaimOptions = { key: header.key, scope, fingerprint, ttl: o.ttl, wait: o.wait };
     try {
-      return o.mode === 'lease' ? await this.beginLease(claimOptions) : await this.beginTransaction(claimOptions);
+      return o.mode === 'lease'
+        ? await this.beginLease(input.request, claimOptions)
+        : await this.beginTransaction(input.request, claimOptions);
     } catch (err) {
       return respond(this.errorResponse(err));
     }
   }
 
-  private async beginTransaction(claimOptions: ClaimOptions): Promise<Decision> {
+  private async beginTransaction(request: Req, claimOptions: ClaimOptions): Promise<Decision> {
     const maxRetries = this.options.maxRetries ?? 3;
     for (let retry = 0; ; retry++) {
       const client = await this.store.pool.connect();
       let claim: ClaimResult;
       try {
-        claim = await this.store.beginAndClaim(client, claimOptions, this.options.isolationLevel);
+        claim = await this.store.beginAndClaim(client, claimOptions, this.options.isolationLevel, SAVEPOINT);
       } catch (err) {
         await endTransaction(client, 'ROLLBACK');
         if (isSerializationFailure(err) && retry < maxRetries) continue;
@@ -148,11 +203,11 @@ export class HttpIdempotency {
         void endTransaction(client, 'ROLLBACK');
         return respond(this.answerFor(claim));
       }
-      return { kind: 'run', session: this.transactionSession(client, claimOptions, claim.attempt as number) };
+      return { kind: 'run', session: this.transactionSession(request, client, claimOptions, claim.attempt as number) };
     }
   }
 
-  private transactionSession(client: PoolClient, claimOptions: ClaimOptions, attempt: number): Session {
+  private transactionSession(request: Req, client: PoolClient, claimOptions: ClaimOptions, attempt: number): Session {
     let open = true;
     const close = async (command: 'COMMIT' | 'ROLLBACK') => {
       open = false;
@@ -168,6 +223,8 @@ export class HttpIdempotency {
           return response;
         }
         try {
+          // an error answer does not leave half the handler's work committed
+          if (outcome === 'failed' && !this.options.keepWritesOnError) await client.query(`ROLLBACK TO SAVEPOINT ${SAVEPOINT}`);
           await this.store.record(client, outcome === 'succeeded' ? 'complete' : 'fail', {
             ...(await this.stored(claimOptions, response)),
             attempt,
@@ -176,11 +233,12 @@ export class HttpIdempotency {
           await client.query('COMMIT');
           open = false;
           client.release();
-          return response;
         } catch (err) {
           if (open) await close('ROLLBACK');
           return this.errorResponse(translateError(err));
         }
+        await this.committed(request, response);
+        return response;
       },
       abandon: async () => {
         if (open) await close('ROLLBACK');
@@ -188,7 +246,7 @@ export class HttpIdempotency {
     };
   }
 
-  private async beginLease(claimOptions: ClaimOptions): Promise<Decision> {
+  private async beginLease(request: Req, claimOptions: ClaimOptions): Promise<Decision> {
     const lease = this.options.lease ?? 60_000;
     const heartbeatMs = await resolveHeartbeat(this.store, { lease, heartbeatMs: this.options.heartbeatMs });
     const maxRetries = this.options.maxRetries ?? 3;
@@ -214,15 +272,18 @@ export class HttpIdempotency {
           if (!open) throw new Error('the idempotent exchange is already finished');
           open = false;
           heartbeat.stop();
+          // a heartbeat found the key taken over: this attempt's result is not ours to store
+          if (heartbeat.signal.aborted) return this.errorResponse(new StaleAttemptError('the key was taken over', 409));
           const outcome = (this.options.outcomeForStatus ?? defaultOutcomeForStatus)(response.status);
           try {
             const stored = { ...(await this.stored(claimOptions, response)), attempt };
             if (outcome === 'succeeded') await this.store.record(this.store.pool, 'complete', stored);
             else await this.store.record(this.store.pool, 'fail', { ...stored, retryable: outcome === 'retry' });
-            return response;
           } catch (err) {
             return this.errorResponse(err);
           }
+          if (outcome !== 'retry') await this.committed(request, response);
+          return response;
         },
         abandon: async () => {
           if (!open) return;
@@ -234,10 +295,19 @@ export class HttpIdempotency {
     };
   }
 
+  private async committed(request: Req, response: HttpResponse): Promise<void> {
+    if (!this.options.onCommitted) return;
+    try {
+      await this.options.onCommitted(request, response);
+    } catch (err) {
+      this.options.onError?.(err);
+    }
+  }
+
   /** The replayed response, or 409 for a key in progress. */
   private answerFor(claim: ClaimResult): HttpResponse {
     if (claim.outcome === 'in_progress') {
-      const response = problem(409, 'a request with this Idempotency-Key is in progress');
+      const response = problem(409, 'idempotency_key_in_progress', 'a request with this key is still being processed; retry later');
       response.headers['retry-after'] = String(claim.retryAfterSeconds ?? 1);
       return response;
     }
@@ -250,8 +320,8 @@ export class HttpIdempotency {
   private async stored(claimOptions: ClaimOptions, response: HttpResponse): Promise<FinishOptions> {
     const headers: Record<string, string | string[]> = {};
     for (const name of this.options.replayHeaders ?? ['content-type', 'location']) {
-      const value = response.headers[name];
-      if (value !== undefined) headers[name] = Array.isArray(value) ? value.map(String) : String(value);
+      const value = response.headers[name.toLowerCase()];
+      if (value !== undefined) headers[name.toLowerCase()] = Array.isArray(value) ? value.map(String) : String(value);
     }
     const base = { key: claimOptions.key, scope: claimOptions.scope, responseCode: response.status };
     if (await this.store.supportsV12()) return { ...base, body: response.body, headers };
@@ -268,96 +338,56 @@ export class HttpIdempotency {
 
   private errorResponse(err: unknown): HttpResponse {
     if (err instanceof StaleAttemptError) {
-      const response = problem(409, 'this attempt was taken over by a newer one; retry to get its result');
+      const response = problem(409, 'idempotency_attempt_stale', 'the key was taken over by a newer attempt while this one ran; its result was not stored');
       response.headers['retry-after'] = '1';
       return response;
     }
-    if (err instanceof TransientError) {
-      this.options.onError?.(err);
-      const response = problem(503, 'the database asked to try again');
-      response.headers['retry-after'] = '1';
-      return response;
-    }
-    if (err instanceof IdempotencyError && err.httpStatus < 500) {
-      return problem(err.httpStatus, err.sqlstate === 'IK001'
-        ? 'this Idempotency-Key was already used with a different request'
-        : err.message);
+    if (err instanceof IdempotencyError && err.sqlstate === 'IK001') {
+      return problem(422, 'idempotency_key_mismatch', 'this key was already used for a different request');
     }
     this.options.onError?.(err);
-    return problem(err instanceof IdempotencyError ? err.httpStatus : 500, 'internal error');
+    if (err instanceof TransientError || err instanceof RowSecurityNotInForceError || isConnectionError(err)) {
+      const response = problem(503, 'idempotency_unavailable', 'the idempotency store is unavailable; retry later');
+      // a partition that is down, or tenant policies an operator must restore, take longer than a lost race
+      response.headers['retry-after'] = err instanceof PartitionUnavailableError || err instanceof RowSecurityNotInForceError ? '5' : '1';
+      return response;
+    }
+    return problem(500, 'idempotency_internal_error', 'the idempotency store failed');
   }
+}
+
+/** No answer from the database (refused, reset, timed out): the client may retry later. */
+function isConnectionError(err: unknown): boolean {
+  const code = (err as { code?: unknown } | null)?.code;
+  if (typeof code === 'string' && (/^(ECONN|ETIMEDOUT|ENOTFOUND|EPIPE|EAI_)/.test(code) || code.startsWith('08') || code === '57P01' || code === '57P03')) return true;
+  return err instanceof Error && /Connection terminated|timeout exceeded when trying to connect/.test(err.message);
 }
 
 function respond(response: HttpResponse): Decision {
   return { kind: 'respond', response };
 }
 
-function problem(status: number, title: string): HttpResponse {
+/** An RFC 9457 problem details answer; `detail` never quotes the request. */
+export function problem(status: number, code: ProblemCode, detail: string): HttpResponse {
   return {
     status,
     headers: { 'content-type': 'application/problem+json' },
-    body: Buffer.from(JSON.stringify({ title, status })),
+    body: Buffer.from(JSON.stringify({ type: 'about:blank', title: STATUS_CODES[status] ?? 'Error', status, detail, code })),
   };
 }
 
-/** The IETF header's rules, as the extension checks them: 1..max printable ASCII characters. */
-export function checkKey(key: string | undefined, maxLength: number): string | undefined {
-  if (key === undefined) return 'the Idempotency-Key header must be given once';
-  if (key.length < 1 || key.length > maxLength) return `the Idempotency-Key header must be 1 to ${maxLength} characters long`;
-  if (!/^[\x20-\x7e]+$/.test(key)) return 'the Idempotency-Key header must contain only printable ASCII characters';
-  return undefined;
-}
-
-/** Is the header given more than once? (Node joins a repeated header into one value.) */
-function isRepeated(rawHeaders: string[], lowerCaseName: string): boolean {
-  let seen = 0;
-  for (let i = 0; i < rawHeaders.length; i += 2) {
-    const name = rawHeaders[i];
-    if (name.length === lowerCaseName.length && name.toLowerCase() === lowerCaseName && ++seen > 1) return true;
+function validationResponse(answer: ValidationAnswer): HttpResponse {
+  const headers: Record<string, string | string[]> = {};
+  for (const [name, value] of Object.entries(answer.headers ?? {})) headers[name.toLowerCase()] = value;
+  let body: Buffer;
+  if (answer.body === undefined) body = Buffer.alloc(0);
+  else if (Buffer.isBuffer(answer.body)) body = answer.body;
+  else if (typeof answer.body === 'string') body = Buffer.from(answer.body);
+  else {
+    body = Buffer.from(JSON.stringify(answer.body));
+    headers['content-type'] ??= 'application/json';
   }
-  return false;
-}
-
-class BadBody extends Error {}
-
-/** The jsonb the server fingerprints: the body and the chosen headers. */
-function requestDocument(input: RequestInput, fingerprintHeaders: string[]): unknown {
-  const doc: Record<string, unknown> = {};
-  const body = input.body;
-  if (Buffer.isBuffer(body) || typeof body === 'string') {
-    doc.body_sha256 = createHash('sha256').update(body).digest('hex');
-  } else if (body !== undefined) {
-    assertStorableJson(body);
-    doc.body = body;
-  }
-  if (fingerprintHeaders.length > 0) {
-    const headers: Record<string, string | null> = {};
-    for (const name of fingerprintHeaders) {
-      const value = input.headers[name.toLowerCase()];
-      headers[name.toLowerCase()] = value === undefined ? null : String(value);
-    }
-    assertStorableJson(headers);
-    doc.headers = headers;
-  }
-  return doc;
-}
-
-/**
- * jsonb refuses \u0000 (22P05) and unpaired surrogates (22P02), and its error's CONTEXT would quote
- * the body into the server log: refuse them here, before the database sees them.
- */
-function assertStorableJson(value: unknown): void {
-  if (typeof value === 'string') {
-    if (value.includes('\u0000')) throw new BadBody('the request body must not contain \\u0000');
-    if (!value.isWellFormed()) throw new BadBody('the request body must not contain unpaired surrogates');
-  } else if (Array.isArray(value)) {
-    for (const item of value) assertStorableJson(item);
-  } else if (value !== null && typeof value === 'object') {
-    for (const [k, v] of Object.entries(value)) {
-      assertStorableJson(k);
-      assertStorableJson(v);
-    }
-  }
+  return { status: answer.status, headers, body };
 }
 
 /** The stored response as HTTP: 1.2's body and headers columns, or 1.1's envelope in `response`. */

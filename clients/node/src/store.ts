@@ -1,10 +1,11 @@
-import { Result, type Connection, type Pool, type PoolClient, type QueryResultRow, type Submittable } from 'pg';
+import type { Pool, PoolClient, QueryResultRow } from 'pg';
 import {
   IdempotencyError,
   OpenTransactionError,
   UnsupportedVersionError,
   translateError,
 } from './errors';
+import { beginAndQuery } from './protocol';
 
 /** Something that runs a query: the pool (autocommit) or a checked-out client. */
 export type Queryable = Pick<Pool, 'query'> | PoolClient;
@@ -181,29 +182,29 @@ export class IdempotencyStore {
   }
 
   /**
-   * Same-transaction mode's start: `BEGIN` (with `isolationLevel`) and the claim in one exchange
-   * with the server, so that a replay or a 409 is known after one round trip. The claim's
-   * parameters are bound as usual (never spliced into the statement text, so neither the server
+   * Same-transaction mode's start: `BEGIN` (with `isolationLevel`), the claim and, when named, a
+   * `savepoint` after it, in one exchange with the server, so that a replay or a 409 is known
+   * after one round trip (src/protocol.ts). The claim's parameters are bound as usual (never spliced into the statement text, so neither the server
    * log nor the parser ever sees them). `client` must not be in a transaction; after an error
    * the transaction is open and aborted: roll it back.
    */
-  async beginAndClaim(client: PoolClient, options: ClaimOptions, isolationLevel?: string): Promise<ClaimResult> {
+  async beginAndClaim(client: PoolClient, options: ClaimOptions, isolationLevel?: string, savepoint?: string): Promise<ClaimResult> {
     const ext = this.known ?? (await this.extension());
     const params = this.claimParams(ext, options);
     const begin = isolationLevel ? `BEGIN ISOLATION LEVEL ${isolationLevel}` : 'BEGIN';
+    const after = savepoint === undefined ? undefined : `SAVEPOINT ${savepoint}`;
     if ((client as { pipeline?: boolean }).pipeline) {
-      // a pipelining client refuses custom query objects, and sends both at once anyway
+      // a pipelining client refuses custom query objects, and sends them all at once anyway
       const started = client.query(begin);
       const claimed = this.one(client, 'claim', ext.sql.claim, params);
+      const saved = after === undefined ? undefined : client.query(after);
       await started.catch(() => undefined); // the claim reports the same failure
-      return claimResult(await claimed);
-    }
-    const name = `${this.prefix}_claim_${params.length}`;
-    try {
-      const row = await new Promise<QueryResultRow>((resolve, reject) => {
-        client.query(new BeginAndQuery(begin, name, ext.sql.claim, params, (err, result) => (err ? reject(err) : resolve(result as QueryResultRow))));
-      });
+      const row = await claimed;
+      await saved;
       return claimResult(row);
+    }
+    try {
+      return claimResult(await beginAndQuery(client, begin, `${this.prefix}_claim_${params.length}`, ext.sql.claim, params, after));
     } catch (err) {
       throw translateError(err);
     }
@@ -409,119 +410,4 @@ function claimResult(row: QueryResultRow): ClaimResult {
       (retryAfterMs === null ? null : Math.max(1, Math.ceil(retryAfterMs / 1000))),
     expiresAt: row.expires_at as Date | null,
   };
-}
-
-/** What pg's connection offers a query object (pg-cursor uses the same). */
-interface WireConnection {
-  parse(config: { text: string; name?: string }): void;
-  bind(config: { statement?: string; values?: unknown[]; binary?: boolean }): void;
-  describe(config: { type: 'P' | 'S'; name?: string }): void;
-  execute(config: { portal?: string; rows?: number }): void;
-  sync(): void;
-  stream: { cork?: () => void; uncork?: () => void };
-  parsedStatements: Record<string, string>;
-  submittedNamedStatements: Record<string, string>;
-}
-
-/**
- * A pg query object that sends a transaction's first command (BEGIN) and a prepared statement
- * in the extended protocol, before one Sync: one exchange, and the statement's one row back.
- * The statement is prepared once per connection under `statementName`, as pg does for named
- * queries.
- */
-class BeginAndQuery implements Submittable {
-  /** pg gives a query's `_result` the client's type parsers. */
-  readonly _result = new Result('', undefined as never);
-  /**
-   * pg records a statement as prepared when a ParseComplete arrives for the active query's
-   * `name`; it is set only once BEGIN's own ParseComplete has gone by.
-   */
-  name: string | undefined;
-  binary = false;
-  private parseSent = false;
-  private beginDone = false;
-  private connection: WireConnection | undefined;
-  private row: QueryResultRow | undefined;
-  private parseError: unknown;
-
-  constructor(
-    private readonly begin: string,
-    private readonly statementName: string,
-    private readonly text: string,
-    private readonly values: unknown[],
-    public callback: (err: unknown, row?: QueryResultRow) => void,
-  ) {}
-
-  /** pg calls this when the query's turn comes; an Error returned is reported through handleError. */
-  submit(connection: Connection): Error | undefined {
-    const con = connection as unknown as WireConnection;
-    this.connection = con;
-    const known = con.parsedStatements[this.statementName] ?? con.submittedNamedStatements[this.statementName];
-    if (known !== undefined && known !== this.text) {
-      return new Error(`prepared statement "${this.statementName}" was used for another text`);
-    }
-    this.parseSent = known === undefined;
-    con.stream.cork?.();
-    try {
-      con.parse({ text: this.begin });
-      con.bind({});
-      con.execute({});
-      if (this.parseSent) {
-        con.parse({ text: this.text, name: this.statementName });
-        con.submittedNamedStatements[this.statementName] = this.text;
-      }
-      con.bind({ statement: this.statementName, values: this.values.map(wireValue), binary: this.binary });
-      con.describe({ type: 'P' });
-      con.execute({});
-      con.sync();
-    } finally {
-      con.stream.uncork?.();
-    }
-    return undefined;
-  }
-
-  handleRowDescription(msg: { fields: unknown[] }): void {
-    (this._result as unknown as { addFields(f: unknown[]): void }).addFields(msg.fields);
-  }
-
-  handleDataRow(msg: { fields: unknown[] }): void {
-    try {
-      this.row = (this._result as unknown as { parseRow(f: unknown[]): QueryResultRow }).parseRow(msg.fields);
-    } catch (err) {
-      this.parseError = err;
-    }
-  }
-
-  handleCommandComplete(): void {
-    if (this.beginDone) return;
-    this.beginDone = true;
-    if (this.parseSent) this.name = this.statementName;
-  }
-
-  handleEmptyQuery(): void {}
-
-  handlePortalSuspended(): void {}
-
-  handleCopyInResponse(): void {}
-
-  handleCopyData(): void {}
-
-  handleError(err: unknown): void {
-    // BEGIN failed before the statement's Parse was looked at: it is not prepared
-    if (this.parseSent && !this.beginDone) delete this.connection?.submittedNamedStatements[this.statementName];
-    this.callback(err);
-  }
-
-  handleReadyForQuery(): void {
-    if (this.parseError !== undefined) this.callback(this.parseError);
-    else if (this.row === undefined) this.callback(new Error('the statement returned no row'));
-    else this.callback(null, this.row);
-  }
-}
-
-/** A parameter as the wire takes it: text, bytes or NULL. */
-function wireValue(value: unknown): string | Buffer | null {
-  if (value === null || value === undefined) return null;
-  if (Buffer.isBuffer(value)) return value;
-  return String(value);
 }

@@ -7,7 +7,7 @@ import { randomUUID } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { Pool } from 'pg';
 import { IdempotencyStore } from '../src';
-import { idempotent } from '../src/express';
+import { idempotent, keepRawBody } from '../src/express';
 import { sleep } from './helpers';
 
 export interface AppOptions {
@@ -37,7 +37,7 @@ async function work(req: Request) {
 
 export function buildApp(store: IdempotencyStore, options: AppOptions = {}) {
   const app = express();
-  app.use(express.json());
+  app.use(express.json({ verify: keepRawBody }));
 
   const createOrder = async (req: Request, res: Response) => {
     const ctx = req.idempotency!;

@@ -8,12 +8,16 @@ import {
   KeyNotFoundError,
   KeyNotPendingError,
   OpenTransactionError,
+  PartitionUnavailableError,
   ReadOnlyError,
+  RowSecurityNotInForceError,
+  ScopeMovedError,
   StaleAttemptError,
   TransientError,
   UnsupportedVersionError,
   runInTransaction,
   runWithLease,
+  translateError,
 } from '../src';
 import { createTestDatabase, eventually, extensionVersion, isV12, sleep, uniqueKey, type TestDatabase } from './helpers';
 
@@ -71,6 +75,38 @@ describe('store', () => {
 });
 
 describe('typed errors', () => {
+  test('IK900 and IK901 (the scale-out proxy) → transient 503 errors', () => {
+    const moved = translateError(Object.assign(new Error('scope "s" belongs to partition 1 of 4, not to partition 0'), { code: 'IK900' }));
+    assert.ok(moved instanceof ScopeMovedError && moved instanceof TransientError);
+    assert.equal(moved.httpStatus, 503);
+    const down = translateError(Object.assign(new Error('partition 2 of 4 is unavailable'), { code: 'IK901' }));
+    assert.ok(down instanceof PartitionUnavailableError && down instanceof TransientError);
+    assert.equal(down.httpStatus, 503);
+  });
+
+  test('IK006 (1.5): tenant policies recorded but not in force → RowSecurityNotInForceError (503)', { skip: Number(extensionVersion) < 1.5 ? 'needs extension 1.5' : false }, async () => {
+    const role = `node_tenant_${process.pid}`;
+    const schema = (await db.pool.query(`SELECT extnamespace::regnamespace::text AS s FROM pg_extension WHERE extname = 'idempotency'`)).rows[0].s;
+    await db.pool.query(`CREATE ROLE ${role}; GRANT USAGE ON SCHEMA ${schema} TO ${role}; GRANT SELECT, INSERT, UPDATE ON ${schema}.idem_keys TO ${role}`);
+    // the record says row-level security is on while the table has none: what a restore that
+    // could not apply it leaves (written without applying it)
+    await db.pool.query(`BEGIN; SET LOCAL idempotency_row_security.applying = on;
+      INSERT INTO ${schema}.idem_row_security (enabled, forced) VALUES (true, false); COMMIT`);
+    const tenant = new Client({ database: db.name });
+    await tenant.connect();
+    try {
+      await tenant.query(`SET ROLE ${role}`);
+      const err = await db.store.claim(tenant, { key: uniqueKey('rls') }).catch((e: unknown) => e);
+      assert.ok(err instanceof RowSecurityNotInForceError, String(err));
+      assert.equal(err.sqlstate, 'IK006');
+      assert.equal(err.httpStatus, 503);
+    } finally {
+      await tenant.end();
+      await db.pool.query(`BEGIN; SET LOCAL idempotency_row_security.applying = on; DELETE FROM ${schema}.idem_row_security; COMMIT`);
+      await db.pool.query(`DROP OWNED BY ${role}; DROP ROLE ${role}`);
+    }
+  });
+
   test('IK001 mismatch → KeyMismatchError (422)', async () => {
     const key = uniqueKey('mismatch');
     await db.store.claim(db.pool, { key, request: { a: 1 } });

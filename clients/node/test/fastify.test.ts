@@ -68,7 +68,7 @@ describe('fastify plugin', () => {
     const key = uniqueKey('f-exact');
     const first = await post('/orders', key, '{"item":"y"}');
     const firstBody = Buffer.from(await first.arrayBuffer());
-    const second = await post('/orders', key, '{"item": "y"}');
+    const second = await post('/orders', key, '{"item":"y"}');
     assert.equal(second.status, 201);
     assert.equal(second.headers.get('idempotent-replayed'), 'true');
     assert.ok(firstBody.equals(Buffer.from(await second.arrayBuffer())));
@@ -77,17 +77,18 @@ describe('fastify plugin', () => {
     assert.equal(second.headers.get('content-type'), first.headers.get('content-type'));
   });
 
-  test('changed body → 422, bad or missing key → 400, \\u0000 → 400; routes without config untouched', async () => {
+  test('changed body → 422, bad or missing key → 400, \\u0000 stored; routes without config untouched', async () => {
     const key = uniqueKey('f-422');
     assert.equal((await post('/orders', key, '{"item":"a"}')).status, 201);
     assert.equal((await post('/orders', key, '{"item":"b"}')).status, 422);
     assert.equal((await post('/orders', undefined, '{"item":"a"}')).status, 400);
     assert.equal((await post('/orders', 'x'.repeat(300), '{"item":"a"}')).status, 400);
     const nulKey = uniqueKey('f-nul');
-    assert.equal((await post('/orders', nulKey, '{"item":"\\u0000"}')).status, 400);
-    assert.equal(await db.store.lookup(db.pool, { key: nulKey, scope: 'POST /orders' }), null);
+    assert.equal((await post('/orders', nulKey, '{"item":"\\u0000"}')).status, 201);
+    assert.equal((await db.store.lookup(db.pool, { key: nulKey, scope: 'POST /orders' }))?.state, 'succeeded');
     assert.equal((await post('/plain', undefined, '{}')).status, 200);
     assert.equal(await count('orders', key), 1);
+    assert.equal(await count('orders', nulKey), 1);
   });
 
   test('handler throws: same-transaction rolls back; lease mode records a retryable failure', async () => {

@@ -11,7 +11,7 @@ import { after, before, describe, test } from 'node:test';
 import express, { type NextFunction, type Request, type Response } from 'express';
 import { Client, Pool, type ClientConfig } from 'pg';
 import { IdempotencyStore } from '../src';
-import { idempotent } from '../src/express';
+import { idempotent, keepRawBody } from '../src/express';
 import { listen } from './app';
 import { createTestDatabase, eventually, sleep, type TestDatabase } from './helpers';
 
@@ -37,7 +37,7 @@ before(async () => {
   pool = new Pool({ database: db.name, max: 2, Client: CountingClient });
   const store = new IdempotencyStore(pool);
   const app = express();
-  app.use(express.json({ limit: '8mb' }));
+  app.use(express.json({ limit: '8mb', verify: keepRawBody }));
   app.use((req: Request, res: Response, next: NextFunction) => {
     const end = res.end;
     res.end = function (this: Response, ...args: unknown[]) {
@@ -65,10 +65,13 @@ after(async () => {
   await db.close();
 });
 
+/** The key as an sf-string: a key with spaces, quotes or backslashes needs the quoted form. */
+const quoted = (key: string) => `"${key.replace(/[\\"]/g, (c) => `\\${c}`)}"`;
+
 function post(route: string, key: string, body: string) {
   return fetch(`${server.url}${route}`, {
     method: 'POST',
-    headers: { 'content-type': 'application/json', 'idempotency-key': key },
+    headers: { 'content-type': 'application/json', 'idempotency-key': quoted(key) },
     body,
   });
 }
@@ -89,14 +92,14 @@ async function count(route: string, key: string, body: string, status: number, a
     quiet = exchanges === total ? quiet + 1 : 0;
     total = exchanges;
   }
-  return { beforeAnswer: atAnswer.get(key)! - start, total: total - start, response, bytes };
+  return { beforeAnswer: atAnswer.get(quoted(key))! - start, total: total - start, response, bytes };
 }
 
 describe('round trips', () => {
-  test('same-transaction mode: a replay is answered after one exchange (BEGIN and the claim), ROLLBACK after', async () => {
+  test('same-transaction mode: BEGIN, the claim and the SAVEPOINT are one exchange: a replay is answered after it, ROLLBACK after', async () => {
     const key = `rt-tx-${randomUUID()}`;
     const first = await count('/orders', key, '{"item":"x"}', 201, 4);
-    assert.equal(first.beforeAnswer, 4, 'BEGIN + claim, INSERT, complete, COMMIT');
+    assert.equal(first.beforeAnswer, 4, 'BEGIN + claim + SAVEPOINT, INSERT, complete, COMMIT');
     assert.equal(first.total, 4);
     const replay = await count('/orders', key, '{"item":"x"}', 201, 2);
     assert.equal(replay.response.headers.get('idempotent-replayed'), 'true');
@@ -132,9 +135,7 @@ describe('hostile inputs are bound, never spliced into the statement', () => {
         const firstBytes = Buffer.from(await first.arrayBuffer());
         assert.equal(first.status, 201, firstBytes.toString().slice(0, 200));
         assert.ok(firstBytes.toString('utf8').endsWith(JSON.stringify(body)), 'the handler saw the body as sent');
-        // the same document with its keys in another order is the same request
-        const reordered = JSON.stringify(Object.fromEntries(Object.entries(body as object).reverse()));
-        const replay = await post(route, key, reordered);
+        const replay = await post(route, key, JSON.stringify(body));
         const replayBytes = Buffer.from(await replay.arrayBuffer());
         assert.equal(replay.status, 201);
         assert.equal(replay.headers.get('idempotent-replayed'), 'true');

@@ -4,7 +4,9 @@ newer: 1.2 or later), each with the extension and the tables the test applicatio
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
+from pathlib import Path
 from typing import Any, Iterator
 
 import psycopg
@@ -17,6 +19,8 @@ CREATE TABLE orders (id bigserial PRIMARY KEY, customer text NOT NULL, total int
                      idem_key text);
 CREATE TABLE handler_runs (idem_key text NOT NULL, attempt integer, pid integer);
 CREATE TABLE provider_charges (provider_key text PRIMARY KEY, attempt integer NOT NULL);
+CREATE TABLE conformance_starts (run text NOT NULL);
+CREATE TABLE conformance_writes (run text NOT NULL);
 """
 
 
@@ -94,6 +98,13 @@ def pool(dsn: str) -> Iterator[ConnectionPool]:
 def conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(dsn, autocommit=True) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def markers() -> Iterator[Path]:
+    """Where the test applications' handlers tell a test that they started."""
+    with tempfile.TemporaryDirectory() as d:
+        yield Path(d)
 
 
 @pytest.fixture

@@ -92,7 +92,7 @@ async def test_lease_duplicates_and_stale_completion(idem: AsyncIdempotency, aco
         await release.wait()
         return Reply({"from": "stale"})
 
-    first = asyncio.create_task(idem.run_with_lease(key, stale,
+    first = asyncio.create_task(idem.run_with_lease(key, stale, heartbeat=False,
                                                     lease=timedelta(milliseconds=400)))
     await started.wait()
     busy = await idem.run_with_lease(key, stale)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -67,7 +68,9 @@ def test_errors_are_typed(idem: Idempotency, conn: Conn, key: str, call: Any,
     assert info.value.sqlstate_received == error.sqlstate
     assert isinstance(info.value.cause, psycopg.Error)
     answer = http.for_error(info.value)
-    assert answer is not None and answer.status == error.http_status
+    # over HTTP a key that vanished under its request is a stale attempt (docs/http.md)
+    expected = 409 if error is errors.KeyNotFoundError else error.http_status
+    assert answer is not None and answer.status == expected
 
 
 @pytest.mark.parametrize("query, error", [
@@ -281,7 +284,8 @@ def test_lease_takeover_fences_stale_worker(idem: Idempotency, conn: Conn, key: 
 
     def run_stale() -> None:
         try:
-            outcome.append(idem.run_with_lease(key, stale, lease=timedelta(milliseconds=300)))
+            outcome.append(idem.run_with_lease(key, stale, lease=timedelta(milliseconds=300),
+                                               heartbeat=False))
         except Exception as e:
             outcome.append(e)
 
@@ -409,3 +413,51 @@ def test_heartbeat_reports_a_lost_lease(idem: Idempotency, conn: Conn, key: str)
 
     with pytest.raises(errors.KeyNotFoundError):
         idem.run_with_lease(key, long_job, lease=timedelta(milliseconds=600), heartbeat=True)
+
+
+@pytest.mark.parametrize("sqlstate, error, retry_after", [
+    ("IK900", errors.ScopeMovedError, "1"),
+    ("IK901", errors.PartitionUnavailableError, "5"),
+])
+def test_scale_out_errors_are_typed(conn: Conn, sqlstate: str, error: type[errors.DatabaseError],
+                                    retry_after: str) -> None:
+    # the scale-out proxy's functions raise these (scale-out/sql/proxy.sql)
+    with pytest.raises(psycopg.Error) as info:
+        conn.execute(f"DO $$ BEGIN RAISE EXCEPTION 'from the proxy' USING ERRCODE = '{sqlstate}';"
+                     " END $$")
+    typed = errors.translate(info.value)
+    assert type(typed) is error
+    answer = http.for_error(typed)
+    assert answer is not None and answer.status == 503
+    assert ("Retry-After", retry_after) in answer.headers
+
+
+@pytest.mark.versions("1.5")
+def test_row_security_not_in_force_is_typed(idem: Idempotency, conn: Conn, dsn: str,
+                                            key: str) -> None:
+    role = "py_tenant_" + uuid.uuid4().hex[:12]
+    schema = conn.execute("SELECT extnamespace::regnamespace::text FROM pg_extension"
+                          " WHERE extname = 'idempotency'").fetchone()[0]  # type: ignore[index]
+    conn.execute(f"CREATE ROLE {role}")
+    conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+    conn.execute(f"GRANT SELECT, INSERT, UPDATE ON {schema}.idem_keys TO {role}")
+    # what a restore that could not apply the recorded policies leaves: the record says
+    # row-level security is on, the table has none (written without applying it)
+    with conn.transaction():
+        conn.execute("SET LOCAL idempotency_row_security.applying = on")
+        conn.execute(f"INSERT INTO {schema}.idem_row_security (enabled, forced) VALUES (true, false)")
+    try:
+        with psycopg.connect(dsn, autocommit=True) as tenant:
+            tenant.execute(f"SET ROLE {role}")
+            with pytest.raises(errors.RowSecurityNotInForceError) as info:
+                idem.claim(tenant, key)
+        assert info.value.sqlstate_received == "IK006"
+        answer = http.for_error(info.value)
+        assert answer is not None and answer.status == 503
+        assert ("Retry-After", "5") in answer.headers
+    finally:
+        with conn.transaction():
+            conn.execute("SET LOCAL idempotency_row_security.applying = on")
+            conn.execute(f"DELETE FROM {schema}.idem_row_security")
+        conn.execute(f"DROP OWNED BY {role}")
+        conn.execute(f"DROP ROLE {role}")

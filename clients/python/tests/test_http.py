@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -20,6 +19,7 @@ import httpx
 import psycopg
 import pytest
 
+import rawhttp
 from loopback import free_port
 
 HERE = Path(__file__).parent
@@ -29,10 +29,11 @@ FRAMEWORKS = ["flask", "fastapi"]
 class App:
     """One application process; kill() is kill -9."""
 
-    def __init__(self, framework: str, dsn: str, markers: Path) -> None:
+    def __init__(self, framework: str, dsn: str, markers: Path,
+                 environment: Optional[dict[str, str]] = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, APP_DSN=dsn, APP_MARKERS=str(markers),
+        env = dict(os.environ, APP_DSN=dsn, APP_MARKERS=str(markers), **(environment or {}),
                    PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"),
                                                os.environ.get("PYTHONPATH", "")]))
         self.process = subprocess.Popen(
@@ -61,12 +62,6 @@ class App:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:
                 self.kill()
-
-
-@pytest.fixture(scope="session")
-def markers() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory() as d:
-        yield Path(d)
 
 
 @pytest.fixture(scope="session", params=FRAMEWORKS)
@@ -112,7 +107,9 @@ ORDER = {"customer": "ada", "total": 42}
 
 
 def post_order(client: httpx.Client, key: str, body: Any = None, **params: str) -> httpx.Response:
-    return client.post("/orders", params=params, headers={"Idempotency-Key": key},
+    # the test's controls are headers: the query string is part of the fingerprint
+    controls = {"X-" + name.replace("_", "-").title(): value for name, value in params.items()}
+    return client.post("/orders", headers={"Idempotency-Key": key, **controls},
                        json=ORDER if body is None else body)
 
 
@@ -149,18 +146,25 @@ def test_binary_body_replays_byte_exact(client: httpx.Client, key: str) -> None:
     assert second.headers["Idempotent-Replayed"] == "true"
 
 
-def test_equivalent_json_replays_and_changed_body_is_422(client: httpx.Client, key: str,
-                                                         ext_version: str) -> None:
-    assert post_order(client, key).status_code == 201
-    # key order and spacing never matter; from 1.2 equal numbers (42, 42.0) do not either
-    total = b"42.0" if ext_version >= "1.2" else b"42"
-    same = client.post("/orders", headers={"Idempotency-Key": key,
-                                           "Content-Type": "application/json"},
-                       content=b'{ "total" : ' + total + b', "customer":"ada" }')
+def test_the_body_bytes_are_fingerprinted_not_its_json_value(client: httpx.Client,
+                                                             key: str) -> None:
+    """docs/http.md: the exact bytes, never a parsed and re-serialised value; a U+0000 escape
+    is bytes like any other (no 400)."""
+    headers = {"Idempotency-Key": key, "Content-Type": "application/json"}
+    sent = b'{"customer": "ada", "total": 42, "note": "a\\u0000b"}'
+    first = client.post("/orders", headers=headers, content=sent)
+    assert first.status_code == 201
+    same = client.post("/orders", headers=headers, content=sent)
     assert same.status_code == 201 and same.headers["Idempotent-Replayed"] == "true"
-    changed = post_order(client, key, {"customer": "ada", "total": 43})
-    assert changed.status_code == 422
-    assert changed.json()["error"] == "idempotency_key_mismatch"
+    for other in (b'{"customer":"ada","total":42,"note":"a\\u0000b"}',
+                  b'{"total": 42, "customer": "ada", "note": "a\\u0000b"}',
+                  b'{"customer": "ada", "total": 42.0, "note": "a\\u0000b"}'):
+        changed = client.post("/orders", headers=headers, content=other)
+        assert changed.status_code == 422, other
+        assert changed.headers["Content-Type"] == "application/problem+json"
+        assert changed.json() == {"type": "about:blank", "title": "Unprocessable Entity",
+                                  "status": 422, "code": "idempotency_key_mismatch",
+                                  "detail": changed.json()["detail"]}
 
 
 def test_scope_is_the_route_and_the_path_is_fingerprinted(client: httpx.Client, framework: str,
@@ -180,25 +184,62 @@ def test_scope_is_the_route_and_the_path_is_fingerprinted(client: httpx.Client, 
     assert scopes == {"POST /items/<item>" if framework == "flask" else "POST /items/{item}"}
 
 
+def test_the_raw_target_with_its_query_is_fingerprinted(app: App, key: str) -> None:
+    """Defect of issue 20: the fingerprint took the decoded path without the query string, so
+    /items/1?x=1 then ?x=2 (or /items/%31 then /items/1) replayed the first answer."""
+    def post(target: str) -> rawhttp.Answer:
+        return rawhttp.send(app.port, "POST", target, [("Idempotency-Key", key)], b"{}")
+
+    first = post("/items/1?x=1")
+    assert first.status == 200 and first.body == b"1"
+    assert post("/items/1?x=1").header("Idempotent-Replayed") == "true"
+    for other in ("/items/1?x=2", "/items/1", "/items/%31?x=1"):
+        answer = post(other)
+        assert answer.status == 422, other
+        assert json.loads(answer.body)["code"] == "idempotency_key_mismatch"
+
+
 def test_bad_or_missing_key_is_400_before_the_database(client: httpx.Client,
                                                        conn: psycopg.Connection[Any]) -> None:
     before = count(conn, "SELECT count(*) FROM idem_keys")
-    assert client.post("/orders", json=ORDER).status_code == 400
-    for bad in ("", "x" * 256, "tab\there"):
+    missing = client.post("/orders", json=ORDER)
+    assert missing.status_code == 400
+    assert missing.headers["Content-Type"] == "application/problem+json"
+    assert missing.json()["code"] == "idempotency_key_missing"
+    for bad in ("", "x" * 256, "tab\there", "a b", '"open', '"a"b', '"a\\nb"', "a,b"):
         response = client.post("/orders", headers={"Idempotency-Key": bad}, json=ORDER)
         assert response.status_code == 400, bad
-        assert response.json()["error"] in ("idempotency_key_invalid", "idempotency_key_missing")
+        assert response.json()["code"] == "idempotency_key_invalid"
     assert count(conn, "SELECT count(*) FROM idem_keys") == before
 
 
-def test_nul_in_json_body_is_400_before_the_database(client: httpx.Client,
-                                                     conn: psycopg.Connection[Any],
-                                                     key: str) -> None:
-    response = client.post("/orders", headers={"Idempotency-Key": key,
-                                               "Content-Type": "application/json"},
-                           content=b'{"customer": "a\\u0000b", "total": 1}')
-    assert response.status_code == 400 and response.json()["error"] == "invalid_json"
-    assert key_row(conn, key) is None
+def test_a_repeated_key_header_is_400(app: App, conn: psycopg.Connection[Any],
+                                      key: str) -> None:
+    """Defect of issue 20: werkzeug joined two Idempotency-Key lines into "a,b", which was
+    accepted as one key."""
+    for lines in ([key, key + "-b"], [key, key], [f'"{key}"', f'"{key}-b"']):
+        answer = rawhttp.send(app.port, "POST", "/orders",
+                              [("Idempotency-Key", line) for line in lines]
+                              + [("Content-Type", "application/json")], json.dumps(ORDER).encode())
+        assert answer.status == 400, lines
+        assert answer.header("Content-Type") == "application/problem+json"
+        assert json.loads(answer.body)["code"] == "idempotency_key_invalid"
+    assert conn.execute("SELECT count(*) FROM idem_keys WHERE key LIKE %s",
+                        (key + "%",)).fetchone() == (0,)
+    assert count(conn, "SELECT count(*) FROM orders WHERE idem_key LIKE %s", key + "%") == 0
+
+
+def test_a_quoted_key_is_the_same_key_as_its_bare_form(app: App, conn: psycopg.Connection[Any],
+                                                       key: str) -> None:
+    def post(value: str) -> rawhttp.Answer:
+        return rawhttp.send(app.port, "POST", "/orders",
+                            [("Idempotency-Key", value), ("Content-Type", "application/json")],
+                            json.dumps(ORDER).encode())
+
+    assert post(f'"{key}"').status == 201
+    again = post(f"  {key}\t")
+    assert again.status == 201 and again.header("Idempotent-Replayed") == "true"
+    assert key_row(conn, key) is not None
 
 
 def test_optional_key_runs_without_idempotency(client: httpx.Client) -> None:
@@ -221,7 +262,7 @@ def test_tenant_is_part_of_the_scope(client: httpx.Client, conn: psycopg.Connect
 def test_retryable_failure_runs_again_and_terminal_failure_replays(
         client: httpx.Client, conn: psycopg.Connection[Any], key: str) -> None:
     headers = {"Idempotency-Key": key}
-    assert client.post("/payments", params={"status": "503"}, headers=headers,
+    assert client.post("/payments", headers={**headers, "X-Status": "503"},
                        json={"amount": 1}).status_code == 503
     assert key_row(conn, key) == ("failed", 1, True, 503)
     ok = client.post("/payments", headers=headers, json={"amount": 1})
@@ -229,20 +270,90 @@ def test_retryable_failure_runs_again_and_terminal_failure_replays(
 
     other = "k-" + uuid.uuid4().hex
     headers = {"Idempotency-Key": other}
-    declined = client.post("/payments", params={"status": "402"}, headers=headers,
+    declined = client.post("/payments", headers={**headers, "X-Status": "402"},
                            json={"amount": 1})
     assert declined.status_code == 402
-    again = client.post("/payments", params={"status": "201"}, headers=headers,
+    again = client.post("/payments", headers={**headers, "X-Status": "201"},
                         json={"amount": 1})
     assert again.status_code == 402 and again.headers["Idempotent-Replayed"] == "true"
     assert again.content == declined.content
     assert count(conn, "SELECT count(*) FROM handler_runs WHERE idem_key = %s", other) == 1
 
 
+@pytest.mark.parametrize("framework", ["flask"], indirect=True)  # a before_request hook
+def test_a_body_a_parser_consumed_is_refused_not_guessed(
+        client: httpx.Client, conn: psycopg.Connection[Any], key: str) -> None:
+    answer = client.post("/form-first", headers={"Idempotency-Key": key},
+                         data={"a": "1", "b": "2"})
+    assert answer.status_code == 500
+    assert answer.json()["code"] == "idempotency_raw_body_unavailable"
+    assert key_row(conn, key) is None
+
+
+def test_425_is_retryable(client: httpx.Client, conn: psycopg.Connection[Any],
+                          key: str) -> None:
+    """Defect of issue 20: 425 Too Early was stored as a final failure and replayed."""
+    headers = {"Idempotency-Key": key}
+    too_early = client.post("/payments", headers={**headers, "X-Status": "425"}, json={})
+    assert too_early.status_code == 425
+    assert key_row(conn, key) == ("failed", 1, True, 425)
+    ok = client.post("/payments", headers=headers, json={})
+    assert ok.status_code == 201 and "Idempotent-Replayed" not in ok.headers
+    assert ok.json()["attempt"] == 2
+    # same-transaction mode: nothing is stored, the order is rolled back
+    other = key + "-tx"
+    assert post_order(client, other, status="425").status_code == 425
+    assert key_row(conn, other) is None
+    assert count(conn, "SELECT count(*) FROM orders WHERE idem_key = %s", other) == 0
+    assert post_order(client, other).status_code == 201
+
+
+def test_a_stored_error_answer_rolls_back_the_handlers_writes(
+        client: httpx.Client, conn: psycopg.Connection[Any], key: str) -> None:
+    """Defect of issue 20: a same-transaction handler that wrote and answered 409 committed its
+    write behind the stored failure."""
+    conflict = post_order(client, key, status="409")
+    assert conflict.status_code == 409
+    assert count(conn, "SELECT count(*) FROM orders WHERE idem_key = %s", key) == 0
+    assert count(conn, "SELECT count(*) FROM handler_runs WHERE idem_key = %s", key) == 0
+    assert key_row(conn, key) == ("failed", 1, False, 409)
+    again = post_order(client, key)
+    assert again.status_code == 409 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.content == conflict.content
+    # keep_writes_on_error: the route keeps them
+    kept = client.post("/keep", headers={"Idempotency-Key": key}, json={})
+    assert kept.status_code == 409
+    assert count(conn, "SELECT count(*) FROM orders WHERE idem_key = %s", key) == 1
+
+
+def test_validate_answers_before_the_claim_and_on_committed_after_the_commit(
+        client: httpx.Client, conn: psycopg.Connection[Any], framework: str, key: str) -> None:
+    headers = {"Idempotency-Key": key}
+    refused = client.post("/validated", headers=headers, json={"total": 1})
+    assert refused.status_code == 400 and refused.json() == {"invalid": True}
+    assert key_row(conn, key) is None  # nothing stored: the key stays free
+    done = client.post("/validated", headers=headers, json={"customer": "ada"})
+    assert done.status_code == 201 and "Idempotent-Replayed" not in done.headers
+    # the handler's context: key, scope and attempt
+    assert done.json() == {"key": key, "scope": "POST /validated", "attempt": 1,
+                           "inserted": True}
+    # the hook ran after the commit: another session saw the stored result
+    assert done.headers["X-Committed-State"] == "succeeded"
+    replay = client.post("/validated", headers=headers, json={"customer": "ada"})
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert "X-Committed-State" not in replay.headers  # not on a replay: nothing committed
+    # a failing hook is logged: the answer and the stored result stand
+    other = key + "-hook"
+    failed_hook = client.post("/validated", headers={"Idempotency-Key": other,
+                                                     "X-Fail-Hook": "1"}, json={"customer": "b"})
+    assert failed_hook.status_code == 201
+    assert key_row(conn, other) == ("succeeded", 1, None, 201)
+
+
 def test_framework_http_exception_is_an_answer(client: httpx.Client,
                                                conn: psycopg.Connection[Any], key: str) -> None:
     headers = {"Idempotency-Key": key}
-    aborted = client.post("/payments", params={"abort": "404"}, headers=headers, json={})
+    aborted = client.post("/payments", headers={**headers, "X-Abort": "404"}, json={})
     assert aborted.status_code == 404
     assert key_row(conn, key) == ("failed", 1, False, 404)
     again = client.post("/payments", headers=headers, json={})
@@ -285,7 +396,7 @@ def test_64_concurrent_identical_orders_run_once(app: App, conn: psycopg.Connect
 def test_64_concurrent_identical_payments_run_once(app: App, conn: psycopg.Connection[Any],
                                                    key: str) -> None:
     responses = concurrently(app, lambda c: c.post(
-        "/payments", params={"pause": "1"}, headers={"Idempotency-Key": key},
+        "/payments", headers={"Idempotency-Key": key, "X-Pause": "1"},
         json={"amount": 5}))
     fresh = [r for r in responses if r.status_code == 201
              and "Idempotent-Replayed" not in r.headers]
@@ -294,7 +405,7 @@ def test_64_concurrent_identical_payments_run_once(app: App, conn: psycopg.Conne
     assert len(fresh) == 1 and len(fresh) + len(busy) + len(replays) == 64
     assert busy, "a duplicate during the lease must get 409, not wait"
     for r in busy:
-        assert r.json()["error"] == "idempotency_key_in_progress"
+        assert r.json()["code"] == "idempotency_key_in_progress"
         assert 1 <= int(r.headers["Retry-After"]) <= 2
     assert count(conn, "SELECT count(*) FROM handler_runs WHERE idem_key = %s", key) == 1
 
@@ -330,8 +441,9 @@ def test_kill9_during_leased_handler(framework: str, dsn: str, markers: Path, ap
     doomed = App(framework, dsn, markers)
     try:
         sent = threading.Thread(target=lambda: _ignore_errors(lambda: httpx.Client(
-            base_url=doomed.url, timeout=60).post("/payments", params={"pause": "60"},
-                                                  headers={"Idempotency-Key": key},
+            base_url=doomed.url, timeout=60).post("/payments",
+                                                  headers={"Idempotency-Key": key,
+                                                           "X-Pause": "60"},
                                                   json={"amount": 7})))
         sent.start()
         wait_for(markers / f"{key}.1")
@@ -359,8 +471,8 @@ def test_stale_worker_completion_is_rejected(app: App, markers: Path,
 
     def slow() -> None:
         with httpx.Client(base_url=app.url, timeout=60) as c:
-            stale.append(c.post("/payments", params={"pause": "4"},
-                                headers={"Idempotency-Key": key}, json={"amount": 9}))
+            stale.append(c.post("/payments", headers={"Idempotency-Key": key, "X-Pause": "4"},
+                                json={"amount": 9}))
 
     worker = threading.Thread(target=slow)
     worker.start()
@@ -375,7 +487,7 @@ def test_stale_worker_completion_is_rejected(app: App, markers: Path,
     assert response.status_code == 201 and response.json()["attempt"] == 2
     worker.join()
     assert stale[0].status_code == 409  # never a 2xx: attempt 2 owns the key
-    assert stale[0].json()["error"] == "idempotency_attempt_stale"
+    assert stale[0].json()["code"] == "idempotency_attempt_stale"
     assert key_row(conn, key) == ("succeeded", 2, None, 201)
     # both attempts called the provider with the same key; the provider kept one charge
     assert count(conn, "SELECT count(*) FROM provider_charges WHERE provider_key = %s",
@@ -396,7 +508,7 @@ def test_heartbeat_keeps_a_long_job_alive(app: App, markers: Path,
                                           conn: psycopg.Connection[Any], key: str) -> None:
     done: list[httpx.Response] = []
     worker = threading.Thread(target=lambda: done.append(httpx.post(
-        app.url + "/heartbeat", params={"pause": "3.5"}, headers={"Idempotency-Key": key},
+        app.url + "/heartbeat", headers={"Idempotency-Key": key, "X-Pause": "3.5"},
         json={}, timeout=60)))
     worker.start()
     wait_for(markers / f"{key}.1")
@@ -415,13 +527,37 @@ def test_heartbeat_keeps_a_long_job_alive(app: App, markers: Path,
     assert key_row(conn, key) == ("succeeded", 1, None, 200)
 
 
+@pytest.mark.versions("1.2")
+def test_a_lost_lease_is_409_and_its_result_is_not_stored(app: App, markers: Path,
+                                                          conn: psycopg.Connection[Any],
+                                                          key: str) -> None:
+    """A heartbeat that finds the key gone (forgotten here; taken over alike) tells the handler
+    (lease.lost), and the answer is 409 idempotency_attempt_stale."""
+    done: list[httpx.Response] = []
+    worker = threading.Thread(target=lambda: done.append(httpx.post(
+        app.url + "/heartbeat", headers={"Idempotency-Key": key, "X-Until-Lost": "1"},
+        json={}, timeout=120)))
+    worker.start()
+    wait_for(markers / f"{key}.1")
+    assert conn.execute("SELECT idem_forget(%s, scope => 'POST /heartbeat', force => true)",
+                        (key,)).fetchone() == (True,)
+    worker.join()
+    assert done[0].status_code == 409
+    assert done[0].json()["code"] == "idempotency_attempt_stale"
+    assert key_row(conn, key) is None
+
+
 @pytest.mark.versions("1.1")
-def test_heartbeat_route_on_1_1_fails_before_claiming(client: httpx.Client,
-                                                     conn: psycopg.Connection[Any],
-                                                     key: str) -> None:
-    response = client.post("/heartbeat", headers={"Idempotency-Key": key}, json={})
+def test_heartbeats_on_1_1(app: App, conn: psycopg.Connection[Any], key: str) -> None:
+    """By default a route runs without them (1.1 has no idem_extend); one that requires them
+    fails before claiming. (A connection each: a server may close one after a 500.)"""
+    response = httpx.post(app.url + "/heartbeat-required", headers={"Idempotency-Key": key},
+                          json={}, timeout=60)
     assert response.status_code == 500
     assert key_row(conn, key) is None
+    response = httpx.post(app.url + "/heartbeat", headers={"Idempotency-Key": key,
+                                                           "X-Pause": "0"}, json={}, timeout=60)
+    assert response.status_code == 200 and key_row(conn, key) == ("succeeded", 1, None, 200)
 
 
 @pytest.mark.versions("1.2")

@@ -1,6 +1,7 @@
 """Round trips of same-transaction mode, counted on the wire (the server's ReadyForQuery
-messages, through a proxy): BEGIN goes with the claim, and the result with COMMIT, each pair in
-one exchange."""
+messages, through a proxy): BEGIN goes with the claim and the savepoint, and the result with
+COMMIT (after ROLLBACK TO SAVEPOINT when the handler's writes are discarded), each group in one
+exchange."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from loopback import ExchangeCounter
 from pg_idempotency import (AsyncIdempotency, Executed, Idempotency, InProgress, Replayed, Reply,
-                            errors)
+                            State, errors)
 
 Conn = psycopg.Connection[Any]
 AConn = psycopg.AsyncConnection[Any]
@@ -67,17 +68,67 @@ def test_new_key_and_replay_exchanges(idem: Idempotency, wire: ExchangeCounter, 
     first = idem.run_in_transaction(key, insert_order(key, seen, wire), request={"total": 42},
                                     read_row=False)
     assert isinstance(first, Executed)
-    # BEGIN + claim before the handler; then INSERT, and complete + COMMIT
+    # BEGIN + claim + SAVEPOINT before the handler; then INSERT, and complete + COMMIT
     assert seen == [before + 1]
     assert wire.ready - before == 3
     before = wire.ready
     replay = idem.run_in_transaction(key, insert_order(key, seen, wire), request={"total": 42})
     assert isinstance(replay, Replayed) and replay.response == first.reply.response
-    # BEGIN + claim, then the COMMIT that ends the replay's transaction
+    # BEGIN + claim + SAVEPOINT, then the COMMIT that ends the replay's transaction
     assert wire.ready - before == 2
     assert len(seen) == 1
     assert conn.execute("SELECT count(*) FROM orders WHERE idem_key = %s",
                         (key,)).fetchone() == (1,)
+    assert_clean(idem.pool)
+
+
+def test_a_stored_failure_discards_the_writes_in_the_result_exchange(
+        idem: Idempotency, wire: ExchangeCounter, conn: Conn, key: str) -> None:
+    """docs/http.md: a 4xx answer is stored without the handler's writes (rolled back to the
+    savepoint taken with the claim), in the same number of exchanges as a success."""
+    seen: list[int] = []
+
+    def declines(c: Conn) -> Reply:
+        insert_order(key, seen, wire)(c)
+        return Reply.failure({"declined": True}, 409, retryable=False)
+
+    before = wire.ready
+    result = idem.run_in_transaction(key, declines, read_row=False)
+    assert isinstance(result, Executed)
+    # BEGIN + claim + SAVEPOINT; INSERT; ROLLBACK TO SAVEPOINT + fail + COMMIT
+    assert seen == [before + 1] and wire.ready - before == 3
+    assert conn.execute("SELECT count(*) FROM orders WHERE idem_key = %s",
+                        (key,)).fetchone() == (0,)
+    row = idem.lookup(conn, key)
+    assert row is not None and row.state is State.FAILED and row.response_code == 409
+    # keep_writes_on_error: the same exchanges, the order kept
+    other = key + "-keep"
+    before = wire.ready
+    kept = idem.run_in_transaction(other, lambda c: declines(c), keep_writes_on_error=True)
+    assert isinstance(kept, Executed) and wire.ready - before == 3
+    assert conn.execute("SELECT count(*) FROM orders WHERE idem_key = %s",
+                        (key,)).fetchone() == (1,)
+    assert_clean(idem.pool)
+
+
+def test_an_exception_policy_reply_is_stored_without_the_writes(
+        idem: Idempotency, wire: ExchangeCounter, conn: Conn, key: str) -> None:
+    """A statement that failed in the handler leaves the transaction aborted; the rollback to
+    the savepoint, in the result's exchange, lets the policy's reply be stored."""
+    def fails(c: Conn) -> Reply:
+        insert_order(key, [], wire)(c)
+        c.execute("SELECT 1/0")
+        return Reply({"never": True})
+
+    before = wire.ready
+    result = idem.run_in_transaction(
+        key, fails, on_exception=lambda e: Reply.failure({"bad": True}, 400, retryable=False))
+    assert isinstance(result, Executed) and result.row is not None
+    assert result.row.state is State.FAILED
+    # BEGIN + claim + SAVEPOINT; INSERT; the failing SELECT; ROLLBACK TO + fail + COMMIT
+    assert wire.ready - before == 4
+    assert conn.execute("SELECT count(*) FROM orders WHERE idem_key = %s",
+                        (key,)).fetchone() == (0,)
     assert_clean(idem.pool)
 
 
@@ -89,7 +140,7 @@ def test_begin_apart_when_asked(wire: ExchangeCounter, key: str) -> None:
         seen: list[int] = []
         before = wire.ready
         idem.run_in_transaction(key, insert_order(key, seen, wire))
-        # BEGIN, claim, INSERT, complete + COMMIT
+        # BEGIN, claim + SAVEPOINT, INSERT, complete + COMMIT
         assert seen == [before + 2] and wire.ready - before == 4
         before = wire.ready
         assert isinstance(idem.run_in_transaction(key, insert_order(key, seen, wire)), Replayed)
@@ -298,6 +349,16 @@ async def test_async_new_key_replay_and_error_exchanges(aidem: AsyncIdempotency,
     with pytest.raises(errors.KeyMismatchError):
         await aidem.run_in_transaction(key, handler, request={"n": 2})
     assert wire.ready - before == 2
+
+    async def declines(c: AConn) -> Reply:
+        await handler(c)
+        return Reply.failure({"declined": True}, 409, retryable=False)
+
+    before = wire.ready
+    declined = await aidem.run_in_transaction(key + "-409", declines)
+    # BEGIN + claim + SAVEPOINT; INSERT; ROLLBACK TO SAVEPOINT + fail + COMMIT
+    assert isinstance(declined, Executed) and wire.ready - before == 3
+    assert declined.row is not None and declined.row.state is State.FAILED
     async with aidem.pool.connection() as c:
         assert c.info.transaction_status is pq.TransactionStatus.IDLE
         assert c.pgconn.pipeline_status == pq.PipelineStatus.OFF

@@ -1,6 +1,7 @@
 # prometheus-postgres-exporter with queries.yaml, connected as the role exporter-role.sql makes,
 # against a cluster that ran a scripted workload: every series and its exact value on /metrics
-# (real HTTP on loopback), then after idem_stats_reset() and a few more claims, again.
+# (real HTTP on loopback), then after idem_stats_reset() and a few more claims, again; with
+# per-scope export on (and every metric alerts.yml and grafana-dashboard.json use), then off.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -10,6 +11,7 @@ use File::Basename qw(dirname);
 use File::Spec;
 use HTTP::Tiny;
 use IO::Socket::INET;
+use JSON::PP;
 use POSIX qw(:sys_wait_h);
 use Time::HiRes qw(sleep);
 
@@ -424,6 +426,74 @@ for my $name (grep { /^idempotency_scope_/ } sort keys %in_alerts)
 {
 	ok(exists $s3->{series}{$name}, "alerts.yml: $name is exported");
 }
+
+# ---- the Grafana dashboard: every metric its PromQL names is exported (scrape 3 has every
+# family: the workload, a reap, and the per-scope series)
+my $dashboard = JSON::PP->new->decode(slurp_file("$part/grafana-dashboard.json"));
+my @exprs = map { $_->{expr} } map { @{ $_->{targets} } } @{ $dashboard->{panels} };
+push @exprs, map { $_->{definition} =~ /^label_values\((.*), \w+\)$/ ? $1 : () }
+  grep { $_->{type} eq 'query' } @{ $dashboard->{templating}{list} };
+cmp_ok(scalar @exprs, '>=', 20, 'the dashboard has its queries');
+# Grafana's variables, as Grafana substitutes them, leave plain PromQL
+my @promql = map {
+	(my $e = $_) =~ s/\$__rate_interval\b/5m/g;
+	$e =~ s/\$\{?\w+\}?/.*/g;
+	$e
+} @exprs;
+my $rules_check = "$PostgreSQL::Test::Utils::tmp_check/dashboard-exprs.yml";
+open(my $rules_fh, '>', $rules_check) or die $!;
+print $rules_fh "groups:\n  - name: dashboard\n    rules:\n";
+printf $rules_fh "      - record: dashboard:expr_%d\n        expr: %s\n", $_, JSON::PP->new->encode([ $promql[$_] ]) =~ s/^\[|\]$//gr
+  for 0 .. $#promql;
+close $rules_fh;
+my ($promtool_out, $promtool_err) = run_command([ 'promtool', 'check', 'rules', $rules_check ]);
+like($promtool_out, qr/SUCCESS: ${\ scalar @promql} rules found/, 'promtool parses every query of the dashboard')
+  or diag($promtool_out, $promtool_err);
+my %in_dashboard;
+for my $e (@promql)
+{
+	$e =~ s/"(?:[^"\\]|\\.)*"//g;                                        # strings
+	$e =~ s/\{[^}]*\}|\[[^\]]*\]//g;                                    # matchers, ranges
+	$e =~ s/\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)//g; # label lists
+	while ($e =~ /(?<![\w:.])([a-zA-Z_:][\w:]*)\b(?!\s*\()/g)
+	{
+		my $name = $1;
+		next if $name =~ /^(?:and|or|unless|bool|offset|by|without|on|ignoring|inf|nan)$/i;
+		$in_dashboard{$name} = 1;
+	}
+}
+my @wanted = map { "idempotency_$_" } qw(inserted_total takeovers_total replays_total
+  in_progress_total mismatches_total scope_mismatches_total table_keys
+  scope_work_p50_seconds scope_work_p90_seconds scope_work_p99_seconds
+  table_oldest_key_age_seconds scope_pending_oldest_age_seconds reaped_total reaper_runs_total
+  expired_keys);
+is(join(' ', grep { !$in_dashboard{$_} } @wanted), '',
+	'the dashboard shows outcomes, replays, mismatches, in progress, work times, oldest pending, reaper');
+for my $name (sort keys %in_dashboard)
+{
+	ok(exists $s3->{series}{$name}, "grafana-dashboard.json: $name is exported");
+}
+
+# ---- per-scope export taken back: exporter-role.sql -v per_scope=off after on
+$node->command_ok(
+	[ 'psql', '-X', '-v', 'ON_ERROR_STOP=1', '-v', 'per_scope=off', '-d', $node->connstr('app'), '-f', $role_sql ],
+	'exporter-role.sql -v per_scope=off');
+($rc, $out, $err) = as_exporter('SELECT count(*) FROM idem_scope_stats');
+is($out, 0, 'the exporter role no longer sees a scope');
+($rc, $out, $err) = as_exporter('SELECT scope FROM idem_keys');
+like($err, qr/42501/, 'nor idem_keys.scope');
+# the per-scope counters' query has no cache: the running exporter's next scrape drops them
+my $s4 = scrape();
+is(join(' ', grep { /^idempotency_scope_.*_total$/ } sort keys %{ $s4->{series} }), '',
+	'scrape 4: the per-scope counters are gone');
+# the oldest pending age per scope is cached for 60 s: a new exporter drops it at once
+stop_exporter();
+start_exporter();
+my $s5 = scrape();
+check_common($s5, 'scrape 5');
+is(join(' ', grep { /^idempotency_scope_/ } sort keys %{ $s5->{series} }), '',
+	'scrape 5 (new exporter): no per-scope series');
+is(value($s5, 'idempotency_claims_total', datname => 'app'), 4, 'scrape 5: the database-wide series stay');
 
 stop_exporter();
 unlike(slurp_file($exporter_log), qr/tenant-acme|order-/, 'the exporter log names no scope or key');

@@ -8,11 +8,11 @@ results and typed errors and run handlers in its two modes; ``pg_idempotency.fla
 from . import errors
 from .aio import AsyncIdempotency
 from .client import Idempotency
-from .lease import Lease
+from .lease import KeyContext, Lease
 from .results import (ClaimResult, Executed, InProgress, KeyRow, Outcome, Replayed, Reply,
                       RunResult, State)
 
 __all__ = [
-    "AsyncIdempotency", "ClaimResult", "Executed", "Idempotency", "InProgress", "KeyRow", "Lease",
-    "Outcome", "Replayed", "Reply", "RunResult", "State", "errors",
+    "AsyncIdempotency", "ClaimResult", "Executed", "Idempotency", "InProgress", "KeyContext",
+    "KeyRow", "Lease", "Outcome", "Replayed", "Reply", "RunResult", "State", "errors",
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Mapping, Optional, Sequence
@@ -17,8 +18,11 @@ from psycopg.types.json import Jsonb
 from . import errors
 from .results import ClaimResult, KeyRow, Outcome, Reply, State
 
+# with the default lease, which heartbeats extend by when a route sets no lease of its own
 EXTENSION_QUERY = (
-    "SELECT e.extversion, n.nspname FROM pg_catalog.pg_extension e"
+    "SELECT e.extversion, n.nspname,"
+    " pg_catalog.current_setting('idempotency.default_lease', true)"
+    " FROM pg_catalog.pg_extension e"
     " JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'idempotency'"
 )
 
@@ -45,6 +49,8 @@ class Extension:
 
     version: str
     schema: str
+    #: idempotency.default_lease as the client's session saw it when it read the version
+    default_lease: timedelta = timedelta(minutes=1)
     #: statement texts already built (psycopg's and libpq's placeholders), by function, the
     #: arguments sent and whether a row is read
     queries: dict[tuple[str, tuple[str, ...], bool], tuple[str, bytes]] = field(
@@ -56,7 +62,7 @@ class Extension:
             raise errors.ExtensionMissingError(
                 "the database has no idempotency extension (CREATE EXTENSION idempotency)"
             )
-        return cls(str(row[0]), str(row[1]))
+        return cls(str(row[0]), str(row[1]), _lease_setting(row[2] if len(row) > 2 else None))
 
     @functools.cached_property
     def version_tuple(self) -> tuple[int, ...]:
@@ -83,6 +89,18 @@ class Extension:
     def function(self, name: str) -> str:
         """The function's name qualified by the extension's schema (never search_path)."""
         return '"' + self.schema.replace('"', '""') + '".' + name
+
+
+_UNITS = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _lease_setting(text: Optional[str]) -> timedelta:
+    """A milliseconds setting as current_setting shows it (``1min``, ``1500ms``; a bare number
+    is milliseconds); NULL when the library is not loaded in that session: the default."""
+    match = re.fullmatch(r"\s*(\d+)\s*(ms|s|min|h|d)?\s*", text or "")
+    if match is None:
+        return timedelta(minutes=1)
+    return timedelta(milliseconds=int(match.group(1)) * _UNITS[match.group(2) or "ms"])
 
 
 @dataclass(frozen=True)

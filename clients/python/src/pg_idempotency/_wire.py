@@ -1,6 +1,7 @@
 """The runners' exchanges with the server, written through libpq (psycopg's ``pgconn``).
 
-Same-transaction mode sends ``BEGIN`` with the claim, and the result with ``COMMIT``, each pair in
+Same-transaction mode sends ``BEGIN`` with the claim and a savepoint, and the result with
+``COMMIT`` (after ``ROLLBACK TO SAVEPOINT`` when the handler's writes are discarded), each group in
 one exchange (two statements before one Sync, libpq's pipeline mode); lease mode sends one
 statement per exchange, in an implicit transaction (autocommit without switching the connection
 to it). psycopg's cursor and pipeline machinery cost more Python CPU per statement than the
@@ -9,13 +10,18 @@ only here: psycopg reads the transaction status from libpq (it keeps no copy to 
 statements are unnamed (psycopg's prepared-statement cache is not involved), and errors are
 psycopg's own exceptions, built from the result as psycopg builds them. The handler's statements
 go through psycopg as usual, in the transaction opened here.
+
+Everything that depends on psycopg's internals is in this module (``psycopg.generators``, the
+connection's ``lock``, ``wait`` and ``_num_transactions``, libpq's pipeline status), for the psycopg
+versions pyproject.toml names.
 """
 
 from __future__ import annotations
 
 import struct
 from datetime import timedelta
-from typing import Any, Generator, Optional, Sequence, Union
+from contextlib import contextmanager
+from typing import Any, Generator, Iterator, Optional, Sequence, Union
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -36,6 +42,10 @@ _BYTEA_OID, _INTERVAL_OID, _JSONB_OID = 17, 1186, 3802
 _INTERVAL = struct.Struct("!qii")  # microseconds, days, months: interval's binary form
 _INT4_MIN, _INT4_MAX = -(2 ** 31), 2 ** 31 - 1
 COMMIT = b"COMMIT"
+#: taken right after the claim in same-transaction mode: a stored 4xx answer rolls the handler's
+#: writes back to it (docs/http.md)
+SAVEPOINT = b"SAVEPOINT idempotency_handler"
+ROLLBACK_TO_SAVEPOINT = b"ROLLBACK TO SAVEPOINT idempotency_handler"
 
 
 class Statement:
@@ -49,6 +59,26 @@ class Statement:
         self.values = values
         self.types = types
         self.formats = formats
+
+
+@contextmanager
+def transaction_held(conn: AnyConnection) -> Iterator[None]:
+    """While the handler runs, psycopg refuses ``conn.commit()`` and ``conn.rollback()`` with
+    its own ProgrammingError, as inside ``conn.transaction()``: the transaction holds the key,
+    and the runner opened it without psycopg's Transaction (which would add an exchange). psycopg
+    counts its open Transaction blocks in ``_num_transactions`` (3.0 to 3.2) and checks it in
+    commit() and rollback()."""
+    conn._num_transactions += 1
+    try:
+        yield
+    finally:
+        conn._num_transactions -= 1
+
+
+def interrupted(conn: AnyConnection) -> bool:
+    """An exchange was cut short (cancelled) with answers unread: libpq is still in pipeline
+    mode, and the connection's protocol state is unknown."""
+    return conn.pgconn.pipeline_status != pq.PipelineStatus.OFF
 
 
 def begin(conn: AnyConnection) -> Statement:

@@ -8,15 +8,14 @@ from datetime import timedelta
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional
 
 import psycopg
-from psycopg import pq
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from . import _protocol as proto
 from . import _wire
 from . import errors
-from .client import (_COMMIT, _PIPELINE, ExceptionPolicy, _check_no_transaction, _not_claimed,
-                     _result_statement, _transaction_held, logger)
+from .client import (_COMMIT, _PIPELINE, _ROLLBACK_TO_SAVEPOINT, _SAVEPOINT, ExceptionPolicy,
+                     _check_no_transaction, _not_claimed, _result_statement, logger)
 from .lease import Lease
 from .results import ClaimResult, Executed, KeyRow, Outcome, Reply, RunResult
 
@@ -152,7 +151,9 @@ class AsyncIdempotency:
             self, key: str, handler: Callable[[AsyncConnection], Awaitable[Reply]], *,
             request: Any = None, scope: str = "", ttl: Optional[timedelta] = None,
             fingerprint: Optional[bytes] = None, wait: Optional[timedelta] = None,
-            on_exception: Optional[ExceptionPolicy] = None, read_row: bool = True) -> RunResult:
+            on_exception: Optional[ExceptionPolicy] = None, keep_writes_on_error: bool = False,
+            on_claim: Optional[Callable[[ClaimResult], None]] = None,
+            read_row: bool = True) -> RunResult:
         """See ``Idempotency.run_in_transaction``."""
         for retry in range(self.transaction_retries + 1):
             try:
@@ -160,6 +161,7 @@ class AsyncIdempotency:
                     return await self._in_transaction(
                         conn, key, handler, request=request, scope=scope, ttl=ttl,
                         fingerprint=fingerprint, wait=wait, on_exception=on_exception,
+                        keep_writes_on_error=keep_writes_on_error, on_claim=on_claim,
                         read_row=read_row)
             except Exception as exc:
                 if not proto.retries_transaction(exc) or retry == self.transaction_retries:
@@ -172,7 +174,8 @@ class AsyncIdempotency:
             self, conn: AsyncConnection, key: str,
             handler: Callable[[AsyncConnection], Awaitable[Reply]], *, request: Any, scope: str,
             ttl: Optional[timedelta], fingerprint: Optional[bytes], wait: Optional[timedelta],
-            on_exception: Optional[ExceptionPolicy], read_row: bool) -> RunResult:
+            on_exception: Optional[ExceptionPolicy], keep_writes_on_error: bool,
+            on_claim: Optional[Callable[[ClaimResult], None]], read_row: bool) -> RunResult:
         """See ``Idempotency._in_transaction``."""
         ext = await self.extension(conn)
         claim = _wire.bind(conn, proto.claim(ext, key, request=request, scope=scope,
@@ -180,26 +183,37 @@ class AsyncIdempotency:
                                              fingerprint=fingerprint, wait=wait))
         try:
             if self.begin_with_claim and _PIPELINE:
-                answer = (await _wire.run_async(conn, [_wire.begin(conn), claim]))[1]
+                answer = (await _wire.run_async(conn, [_wire.begin(conn), claim,
+                                                       _SAVEPOINT]))[1]
+            elif _PIPELINE:
+                await _wire.run_async(conn, [_wire.begin(conn)])
+                answer = (await _wire.run_async(conn, [claim, _SAVEPOINT]))[0]
             else:
                 await _wire.run_async(conn, [_wire.begin(conn)])
                 answer = (await _wire.run_async(conn, [claim]))[0]
+                await _wire.run_async(conn, [_SAVEPOINT])
             claimed_row = _wire.row(conn, answer)
             assert claimed_row is not None
             claimed = proto.parse_claim(claimed_row)
             if claimed.outcome is not Outcome.CLAIMED:
                 await conn.commit()  # COMMIT, not ROLLBACK: see Idempotency
                 return _not_claimed(claimed)
-            reply = await self._reply(conn, handler, on_exception)
+            if on_claim is not None:
+                on_claim(claimed)
+            reply, discard = await self._reply(conn, handler, on_exception)
             if reply.failed and reply.retryable:
                 await _roll_back(conn)  # with the key: a retry runs afresh
                 return Executed(reply, None)
+            discard = discard or (reply.failed and not keep_writes_on_error)
             finish = _result_statement(conn, ext, key, reply, scope=scope,
                                        attempt=claimed.attempt, read_row=read_row)
+            statements = [_ROLLBACK_TO_SAVEPOINT, finish] if discard else [finish]
             if _PIPELINE:
-                answer = (await _wire.run_async(conn, [finish, _COMMIT]))[0]
+                answer = (await _wire.run_async(conn, [*statements, _COMMIT]))[
+                    len(statements) - 1]
             else:
-                answer = (await _wire.run_async(conn, [finish]))[0]
+                for statement in statements:
+                    answer = (await _wire.run_async(conn, [statement]))[0]
                 await _wire.run_async(conn, [_COMMIT])
             row = proto.parse_key_row(_wire.row(conn, answer)) if read_row else None
             return Executed(reply, row)
@@ -209,20 +223,18 @@ class AsyncIdempotency:
 
     async def _reply(self, conn: AsyncConnection,
                      handler: Callable[[AsyncConnection], Awaitable[Reply]],
-                     on_exception: Optional[ExceptionPolicy]) -> Reply:
-        if on_exception is None:
-            with _transaction_held(conn):
-                return await handler(conn)
+                     on_exception: Optional[ExceptionPolicy]) -> tuple[Reply, bool]:
+        """See ``Idempotency._reply``."""
         try:
-            async with conn.transaction():  # savepoint: see Idempotency
-                return await handler(conn)
+            with _wire.transaction_held(conn):
+                return await handler(conn), False
         except Exception as exc:
-            if proto.retries_transaction(exc):
+            if on_exception is None or proto.retries_transaction(exc):
                 raise
             policy_reply = on_exception(exc)
             if policy_reply is None:
                 raise
-            return policy_reply
+            return policy_reply, True
 
     # ---- lease mode ----------------------------------------------------------------------
 
@@ -230,15 +242,15 @@ class AsyncIdempotency:
             self, key: str, handler: Callable[[Lease], Awaitable[Reply]], *,
             request: Any = None, scope: str = "", ttl: Optional[timedelta] = None,
             lease: Optional[timedelta] = None, fingerprint: Optional[bytes] = None,
-            wait: Optional[timedelta] = None, heartbeat: bool = False,
+            wait: Optional[timedelta] = None, heartbeat: Optional[bool] = None,
             on_exception: Optional[ExceptionPolicy] = None,
             conn: Optional[AsyncConnection] = None, read_row: bool = True) -> RunResult:
-        """See ``Idempotency.run_with_lease``."""
+        """See ``Idempotency.run_with_lease``; the heartbeat is a task."""
         lease = lease or self.lease
+        ext = await self.extension(conn)
         if heartbeat:
-            if lease is None:
-                raise errors.UsageError("heartbeat needs an explicit lease length (lease=...)")
-            (await self.extension(conn)).require("heartbeat (idem_extend)", proto.V1_2)
+            ext.require("heartbeat (idem_extend)", proto.V1_2)
+        beats = heartbeat if heartbeat is not None else ext.has_1_2
         if conn is not None:
             _check_no_transaction(conn)
         claimed_row = await self._leased(conn, lambda ext: proto.claim(
@@ -250,8 +262,8 @@ class AsyncIdempotency:
             return _not_claimed(claimed)
         assert claimed.attempt is not None
         held = Lease(key, scope, claimed.attempt, claimed.inserted)
-        beat = (asyncio.create_task(self._heartbeat(held, lease))
-                if heartbeat and lease is not None else None)
+        beat = (asyncio.create_task(self._heartbeat(held, lease or ext.default_lease))
+                if beats else None)
         try:
             try:
                 reply = await handler(held)
@@ -263,14 +275,17 @@ class AsyncIdempotency:
             policy_reply = on_exception(exc) if on_exception is not None else None
             if policy_reply is None:
                 try:
-                    await self._leased(conn, lambda ext: proto.finish(
-                        ext, key, Reply.failure(), scope=scope, attempt=held.attempt,
-                        read_row=False))
+                    if held.lost is None:
+                        await self._leased(conn, lambda ext: proto.finish(
+                            ext, key, Reply.failure(), scope=scope, attempt=held.attempt,
+                            read_row=False))
                 except (errors.StaleAttemptError, errors.KeyNotFoundError,
                         errors.KeyNotPendingError):
                     pass  # no longer this attempt's key: nothing to record; the error raises
                 raise
             reply = policy_reply
+        if held.lost is not None:
+            raise held.lost  # another attempt owns the key: this result is not stored
         row = await self._leased(conn, lambda ext: proto.finish(
             ext, key, reply, scope=scope, attempt=held.attempt, read_row=read_row))
         return Executed(reply, proto.parse_key_row(row) if read_row else None)
@@ -320,7 +335,7 @@ async def _roll_back(conn: AsyncConnection) -> None:
     """See ``client._roll_back``."""
     if conn.closed:
         return
-    if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+    if _wire.interrupted(conn):
         await conn.close()  # an exchange was interrupted (cancelled) with answers unread
         return
     if conn.info.transaction_status == TransactionStatus.IDLE:

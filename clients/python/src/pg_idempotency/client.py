@@ -9,7 +9,6 @@ from datetime import timedelta
 from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 import psycopg
-from psycopg import pq
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
@@ -27,6 +26,8 @@ logger = logging.getLogger(__name__)
 #: libpq 14 or later: several statements before one Sync
 _PIPELINE = psycopg.Pipeline.is_supported()
 _COMMIT = _wire.Statement(_wire.COMMIT)
+_SAVEPOINT = _wire.Statement(_wire.SAVEPOINT)
+_ROLLBACK_TO_SAVEPOINT = _wire.Statement(_wire.ROLLBACK_TO_SAVEPOINT)
 
 
 @contextmanager
@@ -45,20 +46,6 @@ def _autocommit(conn: Connection) -> Iterator[None]:
             conn.autocommit = False
         else:
             conn.close()
-
-
-@contextmanager
-def _transaction_held(conn: "psycopg.BaseConnection[Any]") -> Iterator[None]:
-    """While the handler runs, psycopg refuses ``conn.commit()`` and ``conn.rollback()`` with
-    its own ProgrammingError, as inside ``conn.transaction()``: the transaction holds the key,
-    and the runner opened it without psycopg's Transaction (which would add an exchange). psycopg
-    counts its open Transaction blocks in ``_num_transactions`` (3.0 to 3.2) and checks it in
-    commit() and rollback()."""
-    conn._num_transactions += 1
-    try:
-        yield
-    finally:
-        conn._num_transactions -= 1
 
 
 def _result_statement(conn: "psycopg.BaseConnection[Any]", ext: proto.Extension, key: str,
@@ -202,14 +189,19 @@ class Idempotency:
                            ttl: Optional[timedelta] = None, fingerprint: Optional[bytes] = None,
                            wait: Optional[timedelta] = None,
                            on_exception: Optional[ExceptionPolicy] = None,
+                           keep_writes_on_error: bool = False,
+                           on_claim: Optional[Callable[[ClaimResult], None]] = None,
                            read_row: bool = True) -> RunResult:
         """Claim, run ``handler(conn)`` and store its reply in one transaction.
 
-        The handler's writes and the key commit together or not at all. A handler that raises,
-        or replies with a retryable failure, rolls everything back (the key vanishes: the retry
-        runs afresh). A success or a terminal failure commits with the handler's writes.
-        ``on_exception`` may turn an exception into a Reply, which is then stored (or, if it is
-        retryable, rolled back) without the handler's writes.
+        The handler runs after a savepoint taken with the claim. A success commits its writes
+        with the key. A terminal failure rolls its writes back to the savepoint and commits the
+        failure alone (an error answer never leaves half the work committed), unless
+        ``keep_writes_on_error``. A handler that raises, or replies with a retryable failure,
+        rolls everything back (the key vanishes: the retry runs afresh). ``on_exception`` may
+        turn an exception into a Reply, which is then stored (or, if it is retryable, rolled
+        back) without the handler's writes. ``on_claim`` is called with the claim before the
+        handler runs (the attempt, for the handler's context).
         A transaction that fails with 40001 or 40P01 is run again, at most
         ``transaction_retries`` times. ``read_row=False``: the stored row is not read back
         (``Executed.row`` is None), for callers that do not use it.
@@ -219,7 +211,9 @@ class Idempotency:
                 with self.pool.connection() as conn:
                     return self._in_transaction(conn, key, handler, request=request, scope=scope,
                                                 ttl=ttl, fingerprint=fingerprint, wait=wait,
-                                                on_exception=on_exception, read_row=read_row)
+                                                on_exception=on_exception,
+                                                keep_writes_on_error=keep_writes_on_error,
+                                                on_claim=on_claim, read_row=read_row)
             except Exception as exc:
                 if not proto.retries_transaction(exc) or retry == self.transaction_retries:
                     if isinstance(exc, psycopg.Error):
@@ -230,19 +224,25 @@ class Idempotency:
     def _in_transaction(self, conn: Connection, key: str, handler: Callable[[Connection], Reply],
                         *, request: Any, scope: str, ttl: Optional[timedelta],
                         fingerprint: Optional[bytes], wait: Optional[timedelta],
-                        on_exception: Optional[ExceptionPolicy], read_row: bool) -> RunResult:
-        """One transaction on a pool connection (idle): BEGIN with the claim in one exchange,
-        the handler, then the result with COMMIT in one exchange (see ``_wire``)."""
+                        on_exception: Optional[ExceptionPolicy], keep_writes_on_error: bool,
+                        on_claim: Optional[Callable[[ClaimResult], None]],
+                        read_row: bool) -> RunResult:
+        """One transaction on a pool connection (idle): BEGIN, the claim and the savepoint in
+        one exchange, the handler, then the result with COMMIT in one exchange (see ``_wire``)."""
         ext = self.extension(conn)
         claim = _wire.bind(conn, proto.claim(ext, key, request=request, scope=scope,
                                              ttl=ttl or self.ttl, lease=self.lease,
                                              fingerprint=fingerprint, wait=wait))
         try:
             if self.begin_with_claim and _PIPELINE:
-                answer = _wire.run(conn, [_wire.begin(conn), claim])[1]
+                answer = _wire.run(conn, [_wire.begin(conn), claim, _SAVEPOINT])[1]
+            elif _PIPELINE:
+                _wire.run(conn, [_wire.begin(conn)])
+                answer = _wire.run(conn, [claim, _SAVEPOINT])[0]
             else:
                 _wire.run(conn, [_wire.begin(conn)])
                 answer = _wire.run(conn, [claim])[0]
+                _wire.run(conn, [_SAVEPOINT])
             claimed_row = _wire.row(conn, answer)
             assert claimed_row is not None
             claimed = proto.parse_claim(claimed_row)
@@ -252,16 +252,20 @@ class Idempotency:
                 # round trip, and no statement stays prepared)
                 conn.commit()
                 return _not_claimed(claimed)
-            reply = self._reply(conn, handler, on_exception)
+            if on_claim is not None:
+                on_claim(claimed)
+            reply, discard = self._reply(conn, handler, on_exception)
             if reply.failed and reply.retryable:
                 _roll_back(conn)  # with the key: a retry runs afresh
                 return Executed(reply, None)
+            discard = discard or (reply.failed and not keep_writes_on_error)
             finish = _result_statement(conn, ext, key, reply, scope=scope,
                                        attempt=claimed.attempt, read_row=read_row)
+            statements = [_ROLLBACK_TO_SAVEPOINT, finish] if discard else [finish]
             if _PIPELINE:
-                answer = _wire.run(conn, [finish, _COMMIT])[0]
+                answer = _wire.run(conn, [*statements, _COMMIT])[len(statements) - 1]
             else:
-                answer = _wire.run(conn, [finish])[0]
+                answer = [_wire.run(conn, [s])[0] for s in statements][-1]
                 _wire.run(conn, [_COMMIT])
             row = proto.parse_key_row(_wire.row(conn, answer)) if read_row else None
             return Executed(reply, row)
@@ -270,45 +274,47 @@ class Idempotency:
             raise
 
     def _reply(self, conn: Connection, handler: Callable[[Connection], Reply],
-               on_exception: Optional[ExceptionPolicy]) -> Reply:
-        if on_exception is None:
-            with _transaction_held(conn):
-                return handler(conn)
+               on_exception: Optional[ExceptionPolicy]) -> tuple[Reply, bool]:
+        """The handler's reply, and whether its writes are to be discarded (a reply of the
+        exception policy is stored without them)."""
         try:
-            # a savepoint, so that a failure stored by the policy leaves out the writes
-            with conn.transaction():
-                return handler(conn)
+            with _wire.transaction_held(conn):
+                return handler(conn), False
         except Exception as exc:
-            if proto.retries_transaction(exc):
+            if on_exception is None or proto.retries_transaction(exc):
                 raise
             policy_reply = on_exception(exc)
             if policy_reply is None:
                 raise
-            return policy_reply
+            return policy_reply, True
 
     # ---- lease mode ----------------------------------------------------------------------
 
     def run_with_lease(self, key: str, handler: Callable[[Lease], Reply], *,
                        request: Any = None, scope: str = "", ttl: Optional[timedelta] = None,
                        lease: Optional[timedelta] = None, fingerprint: Optional[bytes] = None,
-                       wait: Optional[timedelta] = None, heartbeat: bool = False,
+                       wait: Optional[timedelta] = None, heartbeat: Optional[bool] = None,
                        on_exception: Optional[ExceptionPolicy] = None,
                        conn: Optional[Connection] = None, read_row: bool = True) -> RunResult:
         """Claim in autocommit, run ``handler(lease)`` with no transaction open, then store its
         reply fenced by the attempt.
 
         ``conn``: run the claim and the finish on this connection (it must have no open
-        transaction) instead of pool connections. ``heartbeat`` (1.2) extends the lease every
-        third of its length while the handler runs. A handler that raises stores a retryable
-        failure (or what ``on_exception`` returns) and the exception propagates. A reply whose
-        attempt was taken over meanwhile raises StaleAttemptError: never report it as success.
+        transaction) instead of pool connections. ``heartbeat`` extends the lease every third
+        of its length while the handler runs, on a thread with pool connections: None (the
+        default) whenever the extension can (1.2 and later), True requires it, False turns it
+        off. A heartbeat that finds the key taken over sets ``lease.lost``; the reply is then
+        not stored and that error (StaleAttemptError, or KeyNotFoundError when the key was
+        forgotten) raises. A handler that raises stores a retryable failure (or what
+        ``on_exception`` returns) and the exception propagates. A reply whose attempt was
+        taken over meanwhile raises StaleAttemptError: never report it as success.
         ``read_row=False``: the stored row is not read back (``Executed.row`` is None).
         """
         lease = lease or self.lease
+        ext = self.extension(conn)
         if heartbeat:
-            if lease is None:
-                raise errors.UsageError("heartbeat needs an explicit lease length (lease=...)")
-            self.extension(conn).require("heartbeat (idem_extend)", proto.V1_2)
+            ext.require("heartbeat (idem_extend)", proto.V1_2)
+        beats = heartbeat if heartbeat is not None else ext.has_1_2
         if conn is not None:
             _check_no_transaction(conn)
         claimed_row = self._leased(conn, lambda c: proto.claim(
@@ -320,7 +326,7 @@ class Idempotency:
             return _not_claimed(claimed)
         assert claimed.attempt is not None
         held = Lease(key, scope, claimed.attempt, claimed.inserted)
-        beat = _Heartbeat(self, held, lease) if heartbeat and lease is not None else None
+        beat = _Heartbeat(self, held, lease or ext.default_lease) if beats else None
         try:
             if beat is not None:
                 beat.start()
@@ -333,14 +339,17 @@ class Idempotency:
             policy_reply = on_exception(exc) if on_exception is not None else None
             if policy_reply is None:
                 try:
-                    self._leased(conn, lambda c: proto.finish(
-                        self.extension(c), key, Reply.failure(), scope=scope,
-                        attempt=held.attempt, read_row=False))
+                    if held.lost is None:
+                        self._leased(conn, lambda c: proto.finish(
+                            self.extension(c), key, Reply.failure(), scope=scope,
+                            attempt=held.attempt, read_row=False))
                 except (errors.StaleAttemptError, errors.KeyNotFoundError,
                         errors.KeyNotPendingError):
                     pass  # no longer this attempt's key: nothing to record; the error raises
                 raise
             reply = policy_reply
+        if held.lost is not None:
+            raise held.lost  # another attempt owns the key: this result is not stored
         row = self._leased(conn, lambda c: proto.finish(
             self.extension(c), key, reply, scope=scope, attempt=held.attempt, read_row=read_row))
         return Executed(reply, proto.parse_key_row(row) if read_row else None)
@@ -410,7 +419,7 @@ def _roll_back(conn: Connection) -> None:
     hide the error that led to it."""
     if conn.closed:
         return
-    if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+    if _wire.interrupted(conn):
         conn.close()  # an exchange was interrupted (cancelled) with answers unread
         return
     if conn.info.transaction_status == TransactionStatus.IDLE:

@@ -11,6 +11,11 @@
     def pay(request, lease):           # no transaction open; lease.key for the provider
         ...
 
+``request.idempotency`` is the key, scope and attempt (``KeyContext``, a ``Lease`` in lease
+mode; None without a key). Hooks: ``validate(request)`` runs before the key is claimed (a
+response it returns is the answer, nothing is stored); ``on_committed(context, response)`` runs
+after the result is stored (a success or a final failure), before the answer is sent.
+
 The views write through the psycopg 3 connection they are given: the ORM's connection is not
 part of the claim's transaction (Django 3.2, Debian's, reaches PostgreSQL only through psycopg2).
 """
@@ -22,13 +27,14 @@ from typing import Any, Callable, Optional, TypeVar
 
 from django.core.exceptions import PermissionDenied, SuspiciousOperation
 from django.core.handlers.exception import response_for_exception
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, RawPostDataException
 from django.http.response import HttpResponseBase
 
 from . import errors
 from . import http
 from .client import Idempotency
-from .results import Executed, Reply
+from .lease import KeyContext, Lease
+from .results import ClaimResult, Executed, Reply
 
 View = TypeVar("View", bound=Callable[..., Any])
 
@@ -61,19 +67,37 @@ class DjangoIdempotency(http.RouteDecorators[View]):
                 kwargs: dict[str, Any]) -> HttpResponseBase:
         match = request.resolver_match
         route = "/" + match.route if match is not None and match.route else request.path
-        prepared = http.prepare(
-            self.settings, options, method=request.method or "GET", route=route,
-            path=request.path, headers=request.headers, body=request.body,
-            content_type=request.META.get("CONTENT_TYPE"),
-            tenant=self.tenant(request) if self.tenant is not None else None)
+        try:
+            body = request.body
+        except RawPostDataException:  # request.POST or the stream was read first
+            return _to_django(http.body_unavailable())
+        asgi_scope = getattr(request, "scope", None)  # an ASGIRequest keeps the raw path
+        meta = request.META
+        raw = http.RawRequest(
+            method=request.method or "GET",
+            target=(http.asgi_target(asgi_scope) if asgi_scope is not None
+                    else http.wsgi_target(meta)),
+            key_lines=(http.asgi_header_lines(asgi_scope, self.settings.header)
+                       if asgi_scope is not None
+                       else http.wsgi_key_lines(meta, self.settings.header)),
+            content_type=meta.get("CONTENT_TYPE"), header=request.headers.get, body=body)
+        prepared = http.prepare(self.settings, options, raw, route=route,
+                                tenant=self.tenant(request) if self.tenant is not None else None)
         if isinstance(prepared, http.HttpResponse):
             return _to_django(prepared)
+        if options.validate is not None:
+            refused = options.validate(request)
+            if refused is not None:
+                return refused  # type: ignore[no-any-return]
         idem = self.idempotency
+        setattr(request, "idempotency", None)
         if isinstance(prepared, http.UnkeyedRequest):
             if options.mode == "lease":
-                return view(request, *args, lease=None, **kwargs)
-            with idem.pool.connection() as conn, conn.transaction():
-                return view(request, *args, conn=conn, **kwargs)
+                response = view(request, *args, lease=None, **kwargs)
+            else:
+                with idem.pool.connection() as conn, conn.transaction():
+                    response = view(request, *args, conn=conn, **kwargs)
+            return response  # type: ignore[no-any-return]
 
         produced: list[HttpResponseBase] = []
 
@@ -91,28 +115,45 @@ class DjangoIdempotency(http.RouteDecorators[View]):
                                          response.content)  # type: ignore[attr-defined]
             return http.reply_for(self.settings, idem.extension(), captured)
 
+        def claimed(claim: ClaimResult) -> None:
+            assert claim.attempt is not None
+            setattr(request, "idempotency", KeyContext(prepared.key, prepared.scope,
+                                                       claim.attempt, claim.inserted))
+
+        def leased(lease: Lease) -> Reply:
+            setattr(request, "idempotency", lease)
+            return capture(lambda: view(request, *args, lease=lease, **kwargs))
+
         try:
             if options.mode == "transaction":
                 result = idem.run_in_transaction(
                     prepared.key,
                     lambda conn: capture(lambda: view(request, *args, conn=conn, **kwargs)),
-                    request=prepared.request, fingerprint=prepared.fingerprint,
-                    scope=prepared.scope, ttl=options.ttl, wait=options.wait, read_row=False)
+                    fingerprint=prepared.fingerprint, scope=prepared.scope, ttl=options.ttl,
+                    wait=options.wait, keep_writes_on_error=options.keep_writes_on_error,
+                    on_claim=claimed, read_row=False)
             else:
                 result = idem.run_with_lease(
-                    prepared.key,
-                    lambda lease: capture(lambda: view(request, *args, lease=lease, **kwargs)),
-                    request=prepared.request, fingerprint=prepared.fingerprint,
+                    prepared.key, leased, fingerprint=prepared.fingerprint,
                     scope=prepared.scope, ttl=options.ttl, lease=options.lease,
                     wait=options.wait, heartbeat=options.heartbeat, read_row=False)
-        except errors.IdempotencyError as exc:
+        except (errors.IdempotencyError, *http.UNAVAILABLE) as exc:
             answer = http.for_error(exc)
             if answer is None:
                 raise
             return _to_django(answer)
         if isinstance(result, Executed):
+            if http.stored(result.reply):
+                self._committed(options, getattr(request, "idempotency"), produced[0])
             return produced[0]
         return _to_django(http.for_result(result))
+
+    @staticmethod
+    def _committed(options: http.RouteOptions, context: KeyContext,
+                   response: HttpResponseBase) -> None:
+        hook = options.on_committed
+        if hook is not None:
+            http.run_hook(lambda: hook(context, response), "on_committed")
 
 
 def _to_django(response: http.HttpResponse) -> HttpResponse:
@@ -120,7 +161,8 @@ def _to_django(response: http.HttpResponse) -> HttpResponse:
     del out["Content-Type"]  # exactly the stored headers, not Django's default
     for name, value in response.headers:
         out[name] = value
-    out["Content-Length"] = str(len(response.body))
+    if http.has_body(response.status):
+        out["Content-Length"] = str(len(response.body))
     return out
 
 

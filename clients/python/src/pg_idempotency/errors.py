@@ -61,6 +61,8 @@ class DatabaseError(IdempotencyError):
     http_status: ClassVar[int] = 500
     #: retrying the whole transaction may succeed (serialization failures, deadlocks)
     retry_transaction: ClassVar[bool] = False
+    #: Retry-After of a 503 answer
+    retry_after_s: ClassVar[int] = 1
 
     def __init__(self, cause: psycopg.Error) -> None:
         diag = cause.diag
@@ -170,6 +172,32 @@ class ReadOnlyError(DatabaseError):
     http_status = 503
 
 
+class RowSecurityNotInForceError(DatabaseError):
+    """IK006 (extension 1.5): a restore could not put the recorded tenant policies back; the
+    server refuses the roles they would confine until an operator runs
+    idem_row_security_apply()."""
+
+    sqlstate = "IK006"
+    http_status = 503
+    retry_after_s: ClassVar[int] = 5
+
+
+class ScopeMovedError(DatabaseError):
+    """IK900 (scale-out): the scope moved to another partition during the call (a
+    resharding); retry."""
+
+    sqlstate = "IK900"
+    http_status = 503
+
+
+class PartitionUnavailableError(DatabaseError):
+    """IK901 (scale-out): the scope's partition cannot be reached; retry later."""
+
+    sqlstate = "IK901"
+    http_status = 503
+    retry_after_s: ClassVar[int] = 5
+
+
 _BY_SQLSTATE: dict[str, type[DatabaseError]] = {
     cls.sqlstate: cls
     for cls in (
@@ -187,6 +215,9 @@ _BY_SQLSTATE: dict[str, type[DatabaseError]] = {
         LockNotAvailableError,
         QueryCanceledError,
         ReadOnlyError,
+        RowSecurityNotInForceError,
+        ScopeMovedError,
+        PartitionUnavailableError,
     )
 }
 

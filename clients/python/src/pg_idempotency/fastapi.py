@@ -13,6 +13,11 @@
     async def pay(lease: Optional[Lease] = Depends(idem.lease)):
         ...                                 # no transaction open
 
+``Depends(idem.context)`` gives the key, scope and attempt. Hooks: ``validate(request)`` runs
+before the key is claimed (a Response it returns is the answer, nothing is stored);
+``on_committed(context, response)`` runs after the result is stored (a success or a final
+failure), before the answer is sent; either may be a coroutine function.
+
 The route class wraps the marked endpoints only: it needs the route template (the scope) and
 the finished response (to store it), which a dependency or a middleware does not see.
 """
@@ -31,14 +36,15 @@ from starlette.exceptions import HTTPException
 from . import errors
 from . import http
 from .aio import AsyncIdempotency
-from .lease import Lease
-from .results import Executed, Reply
+from .lease import KeyContext, Lease
+from .results import ClaimResult, Executed, Reply
 
 Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
 RouteHandler = Callable[[Request], Coroutine[Any, Any, Response]]
 _OPTIONS = "__idempotency__"
 _CONNECTION = "idempotency_connection"
 _LEASE = "idempotency_lease"
+_CONTEXT = "idempotency"
 
 
 class FastAPIIdempotency(http.RouteDecorators[Endpoint]):
@@ -85,6 +91,13 @@ class FastAPIIdempotency(http.RouteDecorators[Endpoint]):
         return conn
 
     @staticmethod
+    def context(request: Request) -> Optional[KeyContext]:
+        """Dependency: the key, scope and attempt of this request (a ``Lease`` in lease mode;
+        None when the optional key was absent)."""
+        held: Optional[KeyContext] = getattr(request.state, _CONTEXT, None)
+        return held
+
+    @staticmethod
     def lease(request: Request) -> Optional[Lease]:
         """Dependency: the lease of a leased route (None when the optional key was absent)."""
         held: Optional[Lease] = getattr(request.state, _LEASE, None)
@@ -94,22 +107,41 @@ class FastAPIIdempotency(http.RouteDecorators[Endpoint]):
                       original: RouteHandler) -> Response:
         tenant = None
         if self.tenant is not None:
-            found = self.tenant(request)
-            tenant = await found if inspect.isawaitable(found) else found
-        prepared = http.prepare(self.settings, options, method=request.method, route=path,
-                                path=request.url.path,
-                                headers=request.headers, body=await request.body(),
-                                content_type=request.headers.get("content-type"),
-                                tenant=tenant)
+            tenant = await _maybe_await(self.tenant(request))
+        try:
+            body = await request.body()
+        except RuntimeError:  # "Stream consumed": something read it without keeping it
+            return _to_response(http.body_unavailable())
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) != len(body):
+            return _to_response(http.body_unavailable())  # a middleware read it first
+        scope = request.scope
+
+        def header(name: str) -> Optional[str]:
+            lines = http.asgi_header_lines(scope, name)
+            return ", ".join(lines) if lines else None
+
+        raw = http.RawRequest(
+            method=request.method, target=http.asgi_target(scope),
+            key_lines=http.asgi_header_lines(scope, self.settings.header),
+            content_type=header("content-type"), header=header, body=body)
+        prepared = http.prepare(self.settings, options, raw, route=path, tenant=tenant)
         if isinstance(prepared, http.HttpResponse):
             return _to_response(prepared)
+        if options.validate is not None:
+            refused = await _maybe_await(options.validate(request))
+            if refused is not None:
+                return refused
         idem = self.idempotency
+        setattr(request.state, _CONTEXT, None)
         if isinstance(prepared, http.UnkeyedRequest):
             if options.mode == "lease":
-                return await original(request)
-            async with idem.pool.connection() as conn, conn.transaction():
-                setattr(request.state, _CONNECTION, conn)
-                return await _buffered(await original(request))
+                response = await original(request)
+            else:
+                async with idem.pool.connection() as conn, conn.transaction():
+                    setattr(request.state, _CONNECTION, conn)
+                    response = await _buffered(await original(request))
+            return response
 
         produced: list[Response] = []
 
@@ -125,34 +157,57 @@ class FastAPIIdempotency(http.RouteDecorators[Endpoint]):
                                          bytes(response.body))
             return http.reply_for(self.settings, await idem.extension(), captured)
 
+        def claimed(claim: ClaimResult) -> None:
+            assert claim.attempt is not None
+            setattr(request.state, _CONTEXT, KeyContext(prepared.key, prepared.scope,
+                                                        claim.attempt, claim.inserted))
+
         async def in_transaction(conn: psycopg.AsyncConnection[Any]) -> Reply:
             setattr(request.state, _CONNECTION, conn)
             return await capture()
 
         async def with_lease(held: Lease) -> Reply:
             setattr(request.state, _LEASE, held)
+            setattr(request.state, _CONTEXT, held)
             return await capture()
 
         try:
             if options.mode == "transaction":
                 result = await idem.run_in_transaction(
-                    prepared.key, in_transaction, request=prepared.request,
-                    fingerprint=prepared.fingerprint, scope=prepared.scope, ttl=options.ttl,
-                    wait=options.wait, read_row=False)
+                    prepared.key, in_transaction, fingerprint=prepared.fingerprint,
+                    scope=prepared.scope, ttl=options.ttl, wait=options.wait,
+                    keep_writes_on_error=options.keep_writes_on_error, on_claim=claimed,
+                    read_row=False)
             else:
                 result = await idem.run_with_lease(
-                    prepared.key, with_lease, request=prepared.request,
-                    fingerprint=prepared.fingerprint, scope=prepared.scope, ttl=options.ttl,
-                    lease=options.lease, wait=options.wait, heartbeat=options.heartbeat,
-                    read_row=False)
-        except errors.IdempotencyError as exc:
+                    prepared.key, with_lease, fingerprint=prepared.fingerprint,
+                    scope=prepared.scope, ttl=options.ttl, lease=options.lease,
+                    wait=options.wait, heartbeat=options.heartbeat, read_row=False)
+        except (errors.IdempotencyError, *http.UNAVAILABLE) as exc:
             answer = http.for_error(exc)
             if answer is None:
                 raise
             return _to_response(answer)
         if isinstance(result, Executed):
+            if http.stored(result.reply):
+                await self._committed(options, getattr(request.state, _CONTEXT), produced[0])
             return produced[0]
         return _to_response(http.for_result(result))
+
+    @staticmethod
+    async def _committed(options: http.RouteOptions, context: KeyContext,
+                         response: Response) -> None:
+        hook = options.on_committed
+        if hook is None:
+            return
+        try:
+            await _maybe_await(hook(context, response))
+        except Exception:
+            http.logger.exception("the on_committed hook failed (the result is stored)")
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
 
 
 def _mark(options: http.RouteOptions) -> Callable[[Endpoint], Endpoint]:
@@ -179,7 +234,8 @@ def _to_response(response: http.HttpResponse) -> Response:
     out = Response(response.body, status_code=response.status)
     out.raw_headers = [(name.lower().encode("latin-1"), value.encode("latin-1"))
                        for name, value in response.headers]
-    out.raw_headers.append((b"content-length", str(len(response.body)).encode()))
+    if http.has_body(response.status):
+        out.raw_headers.append((b"content-length", str(len(response.body)).encode()))
     return out
 
 

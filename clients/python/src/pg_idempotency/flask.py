@@ -5,12 +5,16 @@
     @app.post("/orders")
     @idem.transactional(required=True)
     def create_order(conn):            # the transaction's connection: commits with the key
-        ...
+        ...                            # flask.g.idempotency: key, scope, attempt
 
     @app.post("/payments")
     @idem.leased(lease=timedelta(seconds=30))
     def pay(lease):                    # no transaction open; lease.key for the provider
         ...
+
+Hooks: ``validate()`` runs in the request context before the key is claimed; a return value
+other than None is the answer (nothing is stored). ``on_committed(context, response)`` runs
+after the result is stored (a success or a final failure), before the answer is sent.
 """
 
 from __future__ import annotations
@@ -24,17 +28,20 @@ from werkzeug.exceptions import HTTPException
 from . import errors
 from . import http
 from .client import Idempotency
-from .results import Executed, Reply
+from .lease import KeyContext
+from .results import ClaimResult, Executed, Reply
 
 View = TypeVar("View", bound=Callable[..., Any])
 
 
 class FlaskIdempotency(http.RouteDecorators[View]):
-    """Idempotency-Key support for Flask views.
+    """Idempotency-Key support for Flask views (docs/http.md).
 
     ``tenant``: called during a request, returns the tenant that prefixes the scope (or None).
     ``settings``: header name, fingerprinted request headers, replayed response headers, and
     which statuses are stored as successes, final failures or retryable failures.
+    The handler's context (``KeyContext`` or ``Lease``, None without a key) is
+    ``flask.g.idempotency``.
     """
 
     def __init__(self, idempotency: Idempotency, *,
@@ -55,20 +62,32 @@ class FlaskIdempotency(http.RouteDecorators[View]):
     def _handle(self, options: http.RouteOptions, view: Callable[..., Any],
                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> flask.Response:
         request = flask.request
+        environ = request.environ
         route = request.url_rule.rule if request.url_rule is not None else request.path
-        prepared = http.prepare(
-            self.settings, options, method=request.method, route=route, path=request.path,
-            headers=request.headers, body=request.get_data(cache=True),
-            content_type=request.content_type,
-            tenant=self.tenant() if self.tenant is not None else None)
+        body = request.get_data(cache=True)
+        if request.content_length and len(body) != request.content_length:
+            return _to_flask(http.body_unavailable())  # a form parser read it first
+        raw = http.RawRequest(
+            method=request.method, target=http.wsgi_target(environ),
+            key_lines=http.wsgi_key_lines(environ, self.settings.header),
+            content_type=environ.get("CONTENT_TYPE"), header=request.headers.get, body=body)
+        prepared = http.prepare(self.settings, options, raw, route=route,
+                                tenant=self.tenant() if self.tenant is not None else None)
         if isinstance(prepared, http.HttpResponse):
             return _to_flask(prepared)
+        if options.validate is not None:
+            refused = options.validate()
+            if refused is not None:
+                return flask.make_response(refused)
         idem = self.idempotency
+        flask.g.idempotency = None
         if isinstance(prepared, http.UnkeyedRequest):
             if options.mode == "lease":
-                return flask.make_response(view(*args, lease=None, **kwargs))
-            with idem.pool.connection() as conn, conn.transaction():
-                return flask.make_response(view(*args, conn=conn, **kwargs))
+                response = flask.make_response(view(*args, lease=None, **kwargs))
+            else:
+                with idem.pool.connection() as conn, conn.transaction():
+                    response = flask.make_response(view(*args, conn=conn, **kwargs))
+            return response
 
         produced: list[flask.Response] = []
 
@@ -83,29 +102,44 @@ class FlaskIdempotency(http.RouteDecorators[View]):
                                          response.get_data())
             return http.reply_for(self.settings, idem.extension(), captured)
 
+        def claimed(claim: ClaimResult) -> None:
+            assert claim.attempt is not None
+            flask.g.idempotency = KeyContext(prepared.key, prepared.scope, claim.attempt,
+                                             claim.inserted)
+
+        def leased(lease: Any) -> Reply:
+            flask.g.idempotency = lease
+            return capture(lambda: view(*args, lease=lease, **kwargs))
+
         try:
             if options.mode == "transaction":
                 result = idem.run_in_transaction(
                     prepared.key, lambda conn: capture(lambda: view(*args, conn=conn, **kwargs)),
-                    request=prepared.request, fingerprint=prepared.fingerprint,
-                    scope=prepared.scope, ttl=options.ttl, wait=options.wait,
-                    read_row=False)
+                    fingerprint=prepared.fingerprint, scope=prepared.scope, ttl=options.ttl,
+                    wait=options.wait, keep_writes_on_error=options.keep_writes_on_error,
+                    on_claim=claimed, read_row=False)
             else:
                 result = idem.run_with_lease(
-                    prepared.key,
-                    lambda lease: capture(lambda: view(*args, lease=lease, **kwargs)),
-                    request=prepared.request, fingerprint=prepared.fingerprint,
+                    prepared.key, leased, fingerprint=prepared.fingerprint,
                     scope=prepared.scope, ttl=options.ttl, lease=options.lease,
-                    wait=options.wait, heartbeat=options.heartbeat,
-                    read_row=False)
-        except errors.IdempotencyError as exc:
+                    wait=options.wait, heartbeat=options.heartbeat, read_row=False)
+        except (errors.IdempotencyError, *http.UNAVAILABLE) as exc:
             answer = http.for_error(exc)
             if answer is None:
                 raise
             return _to_flask(answer)
         if isinstance(result, Executed):
+            if http.stored(result.reply):
+                self._committed(options, flask.g.idempotency, produced[0])
             return produced[0]
         return _to_flask(http.for_result(result))
+
+    @staticmethod
+    def _committed(options: http.RouteOptions, context: KeyContext,
+                   response: flask.Response) -> None:
+        hook = options.on_committed
+        if hook is not None:
+            http.run_hook(lambda: hook(context, response), "on_committed")
 
 
 def _to_flask(response: http.HttpResponse) -> flask.Response:
@@ -113,7 +147,8 @@ def _to_flask(response: http.HttpResponse) -> flask.Response:
     out.headers.clear()  # exactly the stored headers; Content-Length is set from the body
     for name, value in response.headers:
         out.headers.add(name, value)
-    out.headers["Content-Length"] = str(len(response.body))
+    if http.has_body(response.status):
+        out.headers["Content-Length"] = str(len(response.body))
     return out
 
 

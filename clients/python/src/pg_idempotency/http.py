@@ -1,9 +1,11 @@
-"""HTTP Idempotency-Key handling shared by the framework integrations (no framework here).
+"""HTTP Idempotency-Key handling shared by the framework integrations (no framework here),
+as docs/http.md defines it.
 
-A request is checked before the database (key syntax, a JSON body's U+0000), its scope is the
-method and the route template (with an optional tenant in front), and its fingerprint covers the
-body and chosen request headers. A response is captured as status, chosen headers and body bytes
-and replayed byte for byte with ``Idempotent-Replayed: true``.
+A request is checked before the database (the key header's syntax), its scope is the method and
+the route template (with an optional tenant in front), and its fingerprint is a SHA-256 of the
+method, the raw request target, the Content-Type, chosen headers and the exact body bytes
+(``fingerprint``). A response is captured as status, chosen headers and body bytes and replayed
+byte for byte with ``Idempotent-Replayed: true``. Errors are RFC 9457 problem details.
 """
 
 from __future__ import annotations
@@ -11,11 +13,16 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Generic, Literal, Mapping, Optional, Sequence, TypeVar, Union
+from http import HTTPStatus
+from typing import (Any, Callable, Generic, Iterable, Literal, Mapping, Optional, Sequence,
+                    TypeVar, Union)
+from urllib.parse import quote
 
-from psycopg.types.json import Jsonb
+import psycopg
+from psycopg_pool import PoolTimeout
 
 from . import _protocol as proto
 from . import errors
@@ -23,13 +30,16 @@ from .results import ClaimResult, InProgress, Replayed, Reply
 
 Disposition = Literal["complete", "terminal", "retryable"]
 REPLAYED_HEADER = "Idempotent-Replayed"
+PROBLEM_JSON = "application/problem+json"
+_FINGERPRINT_PREFIX = b"idempotency-http/1\n"
+logger = logging.getLogger(__name__)
 
 
 def default_disposition(status: int) -> Disposition:
-    """2xx/3xx are stored as successes, 4xx as final failures (replayed to every retry); 5xx,
-    408 and 429 are retryable failures (lease mode stores them for a takeover, same-transaction
-    mode rolls back and stores nothing)."""
-    if status >= 500 or status in (408, 429):
+    """2xx/3xx are stored as successes; 4xx as final failures (replayed to every retry) except
+    408, 425 and 429, which with 5xx are retryable failures (lease mode stores them for a
+    takeover, same-transaction mode rolls back and stores nothing)."""
+    if status >= 500 or status in (408, 425, 429):
         return "retryable"
     if status >= 400:
         return "terminal"
@@ -47,8 +57,16 @@ class RouteOptions:
     ttl: Optional[timedelta] = None
     #: 1.2: wait this long for an in-flight duplicate to finish instead of answering 409 at once
     wait: Optional[timedelta] = None
-    #: 1.2: extend the lease while the handler runs (lease mode)
-    heartbeat: bool = False
+    #: lease mode: extend the lease every third of it while the handler runs; None: whenever
+    #: the extension can (1.2 and later), True: require it, False: never
+    heartbeat: Optional[bool] = None
+    #: same-transaction mode: keep the handler's writes when its answer is a stored 4xx
+    keep_writes_on_error: bool = False
+    #: runs before the key is claimed; an answer it gives is sent and nothing is stored
+    validate: Optional[Callable[..., Any]] = None
+    #: runs after the result is stored (a success or a final failure), before the answer is
+    #: sent; its failure is logged
+    on_committed: Optional[Callable[..., Any]] = None
 
 
 Handler = TypeVar("Handler", bound=Callable[..., Any])
@@ -56,24 +74,37 @@ Handler = TypeVar("Handler", bound=Callable[..., Any])
 
 class RouteDecorators(Generic[Handler]):
     """``transactional()`` and ``leased()`` of every framework integration: each builds the
-    route's options and hands them to the integration's ``_decorator``."""
+    route's options and hands them to the integration's ``_decorator``. The hooks' arguments
+    are the integration's (see its doc)."""
 
     def _decorator(self, options: RouteOptions) -> Callable[[Handler], Handler]:
         raise NotImplementedError
 
     def transactional(self, *, required: bool = False, ttl: Optional[timedelta] = None,
-                      wait: Optional[timedelta] = None) -> Callable[[Handler], Handler]:
+                      wait: Optional[timedelta] = None, keep_writes_on_error: bool = False,
+                      validate: Optional[Callable[..., Any]] = None,
+                      on_committed: Optional[Callable[..., Any]] = None
+                      ) -> Callable[[Handler], Handler]:
         """Same-transaction mode: the handler's writes, the key and the stored response commit
-        together (how the handler gets the transaction's connection: the integration's doc)."""
-        return self._decorator(RouteOptions("transaction", required, ttl=ttl, wait=wait))
+        together (how the handler gets the transaction's connection: the integration's doc).
+        An answer stored as a final failure (4xx) rolls the handler's writes back first, unless
+        ``keep_writes_on_error``."""
+        return self._decorator(RouteOptions(
+            "transaction", required, ttl=ttl, wait=wait,
+            keep_writes_on_error=keep_writes_on_error, validate=validate,
+            on_committed=on_committed))
 
     def leased(self, *, required: bool = False, lease: Optional[timedelta] = None,
                ttl: Optional[timedelta] = None, wait: Optional[timedelta] = None,
-               heartbeat: bool = False) -> Callable[[Handler], Handler]:
+               heartbeat: Optional[bool] = None, validate: Optional[Callable[..., Any]] = None,
+               on_committed: Optional[Callable[..., Any]] = None
+               ) -> Callable[[Handler], Handler]:
         """Lease mode: the handler runs with no transaction open and its response is stored
-        fenced by the attempt (how it gets the lease: the integration's doc)."""
-        return self._decorator(RouteOptions("lease", required, lease=lease, ttl=ttl,
-                                            wait=wait, heartbeat=heartbeat))
+        fenced by the attempt (how it gets the lease: the integration's doc). Heartbeats keep
+        the lease alive by default (``heartbeat=False``: none)."""
+        return self._decorator(RouteOptions(
+            "lease", required, lease=lease, ttl=ttl, wait=wait, heartbeat=heartbeat,
+            validate=validate, on_committed=on_committed))
 
 
 @dataclass(frozen=True)
@@ -81,6 +112,7 @@ class HttpSettings:
     """What every route of one integration shares."""
 
     header: str = "Idempotency-Key"
+    #: as the extension's idempotency.max_key_length: bytes after unescaping
     max_key_length: int = 255
     #: request headers that are part of the fingerprint (e.g. an account header)
     fingerprint_headers: Sequence[str] = ()
@@ -99,13 +131,28 @@ class HttpResponse:
 
 
 @dataclass(frozen=True)
+class RawRequest:
+    """What the fingerprint and the key come from, as the framework received them: header
+    values are the received bytes decoded as ISO-8859-1 (as WSGI and ASGI servers do)."""
+
+    method: str
+    #: the path and query string of the request line, not decoded
+    target: bytes
+    #: the field lines of the key header (a WSGI server joins repeated ones with commas)
+    key_lines: Sequence[str]
+    content_type: Optional[str]
+    #: a request header's value by lower-case name (repeated lines joined), or None
+    header: Callable[[str], Optional[str]]
+    body: bytes
+
+
+@dataclass(frozen=True)
 class KeyedRequest:
     """A request that carries a valid key: what to claim it with."""
 
     key: str
     scope: str
-    request: Optional[Jsonb] = None
-    fingerprint: Optional[bytes] = None
+    fingerprint: bytes
 
 
 @dataclass(frozen=True)
@@ -116,72 +163,148 @@ class UnkeyedRequest:
 Prepared = Union[KeyedRequest, UnkeyedRequest, HttpResponse]
 
 
-def problem(status: int, error: str, detail: str,
+def problem(status: int, code: str, detail: str,
             headers: Sequence[tuple[str, str]] = ()) -> HttpResponse:
-    body = json.dumps({"error": error, "detail": detail}).encode()
-    return HttpResponse(status, [("Content-Type", "application/json"), *headers], body)
+    """An RFC 9457 problem details answer; ``detail`` never quotes the request."""
+    body = json.dumps({"type": "about:blank", "title": HTTPStatus(status).phrase,
+                       "status": status, "detail": detail, "code": code}).encode()
+    return HttpResponse(status, [("Content-Type", PROBLEM_JSON), *headers], body)
 
 
-def prepare(settings: HttpSettings, options: RouteOptions, *, method: str, route: str,
-            path: str, headers: Mapping[str, str], body: bytes, content_type: Optional[str],
+def parse_key(lines: Sequence[str], max_length: int = 255) -> Optional[str]:
+    """The key of the header's field lines (docs/http.md): one line holding an sf-string
+    (``"..."``, escapes ``\\"`` and ``\\\\`` only, characters 0x20-0x7E) or a bare value of
+    visible ASCII without ``"`` or ``,``, surrounding spaces and tabs trimmed; 1 to
+    ``max_length`` bytes after unescaping. None when it breaks a rule (a repeated header,
+    as two lines or one comma-joined list, included)."""
+    if len(lines) != 1:
+        return None
+    value = lines[0].strip(" \t")
+    if value.startswith('"'):
+        chars: list[str] = []
+        i = 1
+        while i < len(value):
+            c = value[i]
+            if c == "\\":
+                if i + 1 >= len(value) or value[i + 1] not in '"\\':
+                    return None
+                chars.append(value[i + 1])
+                i += 2
+            elif c == '"':
+                break
+            elif " " <= c <= "~":
+                chars.append(c)
+                i += 1
+            else:
+                return None
+        if i != len(value) - 1:  # unbalanced, or something after the closing quote
+            return None
+        key = "".join(chars)
+    else:
+        if any(not ("!" <= c <= "~") or c in '",' for c in value):
+            return None
+        key = value
+    return key if 1 <= len(key) <= max_length else None
+
+
+def fingerprint(method: Union[str, bytes], target: Union[str, bytes],
+                content_type: Union[str, bytes, None], body: bytes,
+                headers: Iterable[tuple[Union[str, bytes], Union[str, bytes, None]]] = ()
+                ) -> bytes:
+    """The request's fingerprint (docs/http.md): SHA-256 over ``idempotency-http/1\\n`` and,
+    for each field, its byte length in decimal, ``:``, its bytes and ``\\n``: the method in
+    upper case, the raw target, the Content-Type ("" when absent), each chosen header's
+    lower-case name and value sorted by name ("" when absent), and the body bytes. Text is
+    taken as ISO-8859-1 (the bytes a server received)."""
+    digest = hashlib.sha256(_FINGERPRINT_PREFIX)
+
+    def field(value: Union[str, bytes, None]) -> None:
+        data = value.encode("latin-1") if isinstance(value, str) else (value or b"")
+        digest.update(b"%d:%s\n" % (len(data), data))
+
+    field(method.upper())
+    field(target)
+    field(content_type)
+    chosen = sorted(((name.lower(), value) for name, value in headers),
+                    key=lambda pair: pair[0])
+    for name, value in chosen:
+        field(name)
+        field(value)
+    field(body)
+    return digest.digest()
+
+
+def wsgi_target(environ: Mapping[str, Any]) -> bytes:
+    """The request target of a WSGI request: RAW_URI or REQUEST_URI when the server sets them
+    (werkzeug, gunicorn), else SCRIPT_NAME + PATH_INFO quoted again + QUERY_STRING."""
+    raw = environ.get("RAW_URI") or environ.get("REQUEST_URI")
+    if raw:
+        target = str(raw)
+        if not target.startswith("/") and "://" in target:  # absolute form: keep the path on
+            rest = target.split("://", 1)[1]
+            target = rest[rest.index("/"):] if "/" in rest else "/"
+        return target.encode("latin-1")
+    path = (str(environ.get("SCRIPT_NAME", "")) + str(environ.get("PATH_INFO", ""))
+            ).encode("latin-1")
+    query = str(environ.get("QUERY_STRING", ""))
+    return quote(path, safe="/;=,:@!$&'()*+~").encode("ascii") + (
+        b"?" + query.encode("latin-1") if query else b"")
+
+
+def wsgi_key_lines(environ: Mapping[str, Any], header: str) -> list[str]:
+    value = environ.get("HTTP_" + header.upper().replace("-", "_"))
+    return [] if value is None else [str(value)]
+
+
+def asgi_target(scope: Mapping[str, Any]) -> bytes:
+    """ASGI's raw_path (the path as received) and query_string."""
+    path = scope.get("raw_path") or quote(
+        (scope.get("root_path", "") + scope["path"]).encode("utf-8"),
+        safe="/;=,:@!$&'()*+~").encode("ascii")
+    query = scope.get("query_string") or b""
+    return bytes(path) + (b"?" + bytes(query) if query else b"")
+
+
+def asgi_header_lines(scope: Mapping[str, Any], name: str) -> list[str]:
+    wanted = name.lower().encode("latin-1")
+    return [value.decode("latin-1") for header, value in scope["headers"]
+            if header.lower() == wanted]
+
+
+def prepare(settings: HttpSettings, options: RouteOptions, request: RawRequest, *, route: str,
             tenant: Optional[str]) -> Prepared:
-    """Check the key and the body before the database and say what to claim.
-
-    The scope is the route template; the fingerprint covers the path (so one key sent to
-    /orders/1 and then /orders/2 is a mismatch, not a replay of the other order), the body and
-    the chosen headers."""
-    key = headers.get(settings.header)
-    if key is None:
+    """Check the key before the database and say what to claim: the scope is the method and
+    the route template, the fingerprint covers the rest of the request (``fingerprint``)."""
+    if not request.key_lines:
         if options.required:
             return problem(400, "idempotency_key_missing",
                            f"this endpoint requires an {settings.header} header")
         return UnkeyedRequest()
-    # printable ASCII: 0x20 to 0x7E (isprintable refuses the ASCII control characters)
-    if not (1 <= len(key) <= settings.max_key_length and key.isascii() and key.isprintable()):
+    key = parse_key(request.key_lines, settings.max_key_length)
+    if key is None:
         return problem(400, "idempotency_key_invalid",
-                       f"the {settings.header} header must be 1 to {settings.max_key_length}"
-                       " printable ASCII characters")
+                       f"the {settings.header} header must be given once, as a string of 1 to"
+                       f" {settings.max_key_length} visible ASCII characters (bare, or quoted"
+                       " as an sf-string)")
+    method = request.method.upper()
     scope = f"{method} {route}" if tenant is None else f"{tenant}:{method} {route}"
-    chosen = {name.lower(): headers.get(name) for name in settings.fingerprint_headers}
-    text = _json_text(body, content_type)
-    if text is not None:
-        try:
-            parsed = json.loads(text)
-        except ValueError:
-            parsed = None
-            text = None  # not JSON after all: the handler answers it; fingerprint the bytes
-        else:
-            # U+0000 can only be written as the escape \u0000 in valid JSON: without that text,
-            # no walk over the parsed value
-            if "\\u0000" in text and proto.has_nul(parsed):
-                return problem(400, "invalid_json",
-                               "JSON strings in the request body must not contain \\u0000")
-    if text is not None:
-        # the raw text goes to the server, whose jsonb decides equality (key order, numbers)
-        raw = ('{"path": ' + json.dumps(path) + ', "headers": ' + json.dumps(chosen)
-               + ', "body": ' + text + "}")
-        return KeyedRequest(key, scope, request=Jsonb(raw, dumps=_as_is))
-    digest = hashlib.sha256()
-    digest.update(json.dumps([path, chosen], sort_keys=True).encode())
-    digest.update(b"\x00")
-    digest.update(body)
-    return KeyedRequest(key, scope, fingerprint=digest.digest())
+    chosen = [(name, request.header(name.lower())) for name in settings.fingerprint_headers]
+    return KeyedRequest(key, scope, fingerprint(method, request.target, request.content_type,
+                                                request.body, chosen))
 
 
-def _as_is(text: Any) -> str:
-    return str(text)
+def has_body(status: int) -> bool:
+    """A 1xx, 204 or 304 answer carries neither a body nor Content-Length (RFC 9110)."""
+    return status >= 200 and status not in (204, 304)
 
 
-def _json_text(body: bytes, content_type: Optional[str]) -> Optional[str]:
-    if not body or content_type is None:
-        return None
-    media = content_type.split(";")[0].strip().lower()
-    if media != "application/json" and not media.endswith("+json"):
-        return None
-    try:
-        return body.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
+def body_unavailable() -> HttpResponse:
+    """A parser consumed the body before the library could read it: never guess (and say so
+    in the log: it is a setup error)."""
+    logger.error("the request body was read before the idempotency layer could fingerprint it")
+    return problem(500, "idempotency_raw_body_unavailable",
+                   "the request body was consumed before the idempotency layer read it; read"
+                   " the raw body first (see the integration's documentation)")
 
 
 def reply_for(settings: HttpSettings, ext: proto.Extension, response: HttpResponse) -> Reply:
@@ -241,27 +364,59 @@ def for_result(result: Union[Replayed, InProgress]) -> HttpResponse:
     return in_progress(result.retry_after_s)
 
 
-def for_error(error: errors.IdempotencyError) -> Optional[HttpResponse]:
-    """The HTTP answer to an error of this package, or None for a bug to let propagate."""
-    if isinstance(error, errors.NulCharacterError):
-        return problem(400, "invalid_json", str(error))
-    if not isinstance(error, errors.DatabaseError):
-        return None
-    names = {
-        errors.KeyMismatchError: "idempotency_key_mismatch",
-        errors.StaleAttemptError: "idempotency_attempt_stale",
-        errors.KeyNotFoundError: "idempotency_key_not_found",
-        errors.KeyNotPendingError: "idempotency_key_not_pending",
-        errors.KeyInProgressError: "idempotency_key_in_progress",
-    }
-    name = names.get(type(error), "invalid_argument" if error.http_status == 400
-                     else "service_unavailable" if error.http_status == 503 else "conflict")
-    retry = [("Retry-After", "1")] if error.http_status == 503 else []
-    return problem(error.http_status, name, str(error), retry)
+#: the database cannot be reached: 503 (docs/http.md)
+UNAVAILABLE: tuple[type[Exception], ...] = (psycopg.OperationalError, PoolTimeout)
+
+
+def stored(reply: Reply) -> bool:
+    """Whether the handler's reply is the key's answer (a success or a final failure), for
+    ``on_committed``: a retryable failure is rolled back (same-transaction mode) or recorded
+    only to be taken over (lease mode)."""
+    return not (reply.failed and reply.retryable)
+
+
+def for_error(error: Exception) -> Optional[HttpResponse]:
+    """The HTTP answer to an error of this package or of the database connection, or None
+    for a bug to let propagate. The detail is fixed text: the server's message may quote the
+    key."""
+    if isinstance(error, UNAVAILABLE):
+        return unavailable("the idempotency store cannot be reached")
+    if isinstance(error, errors.KeyMismatchError):
+        return problem(422, "idempotency_key_mismatch",
+                       "this idempotency key was already used for a different request")
+    if isinstance(error, (errors.StaleAttemptError, errors.KeyNotFoundError,
+                          errors.KeyNotPendingError)):
+        return problem(409, "idempotency_attempt_stale",
+                       "the idempotency key was taken over while this request ran; its result"
+                       " was not stored", [("Retry-After", "1")])
+    if isinstance(error, errors.DatabaseError) and error.http_status == 503:
+        return unavailable("the idempotency store is busy", error.retry_after_s)
+    if isinstance(error, errors.InvalidArgumentError):
+        return problem(400, "idempotency_key_invalid",
+                       "the database refused the idempotency key")
+    if isinstance(error, errors.DatabaseError):
+        logger.error("an idempotency call failed: %s (SQLSTATE %s)", type(error).__name__,
+                     error.sqlstate_received)
+        return problem(500, "idempotency_internal_error",
+                       "the idempotency store failed; retry later")
+    return None
+
+
+def unavailable(detail: str, retry_after_s: int = 1) -> HttpResponse:
+    return problem(503, "idempotency_unavailable", detail + "; retry later",
+                   [("Retry-After", str(retry_after_s))])
+
+
+def run_hook(hook: Callable[[], Any], name: str) -> None:
+    """``on_committed``: a failure is logged and changes nothing stored or answered."""
+    try:
+        hook()
+    except Exception:
+        logger.exception("the %s hook failed (the result is stored)", name)
 
 
 __all__ = [
-    "Disposition", "HttpResponse", "HttpSettings", "KeyedRequest", "RouteOptions",
-    "UnkeyedRequest", "default_disposition", "for_error", "for_result", "prepare", "replay",
-    "reply_for",
+    "Disposition", "HttpResponse", "HttpSettings", "KeyedRequest", "RawRequest", "RouteOptions",
+    "UnkeyedRequest", "default_disposition", "fingerprint", "for_error", "for_result",
+    "parse_key", "prepare", "problem", "replay", "reply_for",
 ]

@@ -6,7 +6,9 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+import psycopg
 
 DSN = os.environ["APP_DSN"]
 MARKERS = Path(os.environ["APP_MARKERS"])
@@ -19,6 +21,20 @@ def mark_started(key: str) -> None:
 
 def pause(seconds: float) -> None:
     time.sleep(seconds)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 60) -> None:
+    """Until the heartbeat reports the lease lost (bounded: a test fails, it never hangs)."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def committed_state(key: str) -> str:
+    """The key's state as another session sees it: only what is committed."""
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        row = conn.execute("SELECT state FROM idem_keys WHERE key = %s", (key,)).fetchone()
+    return "absent" if row is None else str(row[0])
 
 
 def order_body(order_id: int) -> bytes:

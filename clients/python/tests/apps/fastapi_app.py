@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from datetime import timedelta
 from typing import Any, Optional
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request, Response
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from pg_idempotency import AsyncIdempotency, Lease
+from pg_idempotency import AsyncIdempotency, KeyContext, Lease
 from pg_idempotency.fastapi import FastAPIIdempotency
 
-from common import BINARY_BODY, DSN, as_int, charge_body, mark_started, order_body
+from common import (BINARY_BODY, DSN, as_int, charge_body, committed_state, mark_started,
+                    order_body)
 
 
 def create_app() -> FastAPI:
@@ -28,7 +31,9 @@ def create_app() -> FastAPI:
 
     @router.post("/orders", status_code=201)
     @idem.transactional(required=True)
-    async def create_order(request: Request, pause: Optional[float] = None,
+    async def create_order(request: Request,
+                           pause: Optional[float] = Header(None, alias="X-Pause"),
+                           status: Optional[int] = Header(None, alias="X-Status"),
                            conn: AsyncConnection[Any] = Depends(idem.connection)) -> Response:
         order = await request.json()
         key = request.headers["Idempotency-Key"]
@@ -41,13 +46,16 @@ def create_app() -> FastAPI:
         if pause:
             mark_started(key)
             await asyncio.sleep(pause)
-        return Response(order_body(row[0]), status_code=201, media_type="application/json",
+        return Response(order_body(row[0]), status_code=as_int(status, 201),
+                        media_type="application/json",
                         headers={"Location": f"/orders/{row[0]}", "X-Not-Replayed": "1"})
 
-    @router.post("/payments")
-    @idem.leased(required=True, lease=timedelta(seconds=2))
-    async def pay(pause: Optional[float] = None, status: Optional[int] = None,
-                  abort: Optional[int] = None, lease: Lease = Depends(idem.lease)) -> Response:
+    @router.post("/payments")  # no heartbeat: the tests take the lease over
+    @idem.leased(required=True, lease=timedelta(seconds=2), heartbeat=False)
+    async def pay(pause: Optional[float] = Header(None, alias="X-Pause"),
+                  status: Optional[int] = Header(None, alias="X-Status"),
+                  abort: Optional[int] = Header(None, alias="X-Abort"),
+                  lease: Lease = Depends(idem.lease)) -> Response:
         async with pool.connection() as conn:
             await conn.execute("INSERT INTO handler_runs (idem_key, attempt) VALUES (%s, %s)",
                                (lease.key, lease.attempt))
@@ -68,13 +76,59 @@ def create_app() -> FastAPI:
     async def explode() -> Response:
         raise RuntimeError("the provider is down")
 
-    @router.post("/heartbeat")
-    @idem.leased(required=True, lease=timedelta(seconds=1), heartbeat=True)
-    async def long_job(pause: float = 3, lease: Lease = Depends(idem.lease)) -> Response:
+    @router.post("/heartbeat")  # heartbeats by default
+    @idem.leased(required=True, lease=timedelta(seconds=1))
+    async def long_job(pause: float = Header(3, alias="X-Pause"),
+                       until_lost: bool = Header(False, alias="X-Until-Lost"),
+                       lease: Lease = Depends(idem.lease)) -> Response:
         mark_started(f"{lease.key}.{lease.attempt}")
-        await asyncio.sleep(pause)
+        if until_lost:
+            deadline = time.monotonic() + 60
+            while lease.lost is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+        else:
+            await asyncio.sleep(pause)
         return Response(charge_body(lease.key, lease.attempt), status_code=200,
                         media_type="application/json")
+
+    @router.post("/heartbeat-required")
+    @idem.leased(required=True, lease=timedelta(seconds=1), heartbeat=True)
+    async def heartbeat_required() -> Response:
+        return Response(b"{}", status_code=200, media_type="application/json")
+
+    @router.post("/keep")
+    @idem.transactional(required=True, keep_writes_on_error=True)
+    async def keep(conn: AsyncConnection[Any] = Depends(idem.connection),
+                   context: KeyContext = Depends(idem.context)) -> Response:
+        await conn.execute("INSERT INTO orders (customer, total, idem_key)"
+                           " VALUES ('keep', 1, %s)", (context.key,))
+        return Response(b'{"kept": true}', status_code=409, media_type="application/json")
+
+    async def validate(request: Request) -> Optional[Response]:
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            body = {}
+        if "customer" not in body:
+            return Response(b'{"invalid": true}', status_code=400,
+                            media_type="application/json")
+        return None
+
+    def on_committed(context: KeyContext, response: Response) -> None:
+        # a blocking call in a sync hook: kept short, it is a test
+        state = committed_state(context.key)
+        response.headers["X-Committed-State"] = state
+        if response.headers.get("X-Hook-Fails"):
+            raise RuntimeError("the hook failed")
+
+    @router.post("/validated")
+    @idem.transactional(required=True, validate=validate, on_committed=on_committed)
+    async def validated(request: Request,
+                        context: KeyContext = Depends(idem.context)) -> Response:
+        body = json.dumps({"key": context.key, "scope": context.scope,
+                           "attempt": context.attempt, "inserted": context.inserted})
+        headers = {"X-Hook-Fails": "1"} if request.headers.get("X-Fail-Hook") else {}
+        return Response(body, status_code=201, media_type="application/json", headers=headers)
 
     @router.post("/items/{item}")
     @idem.transactional(required=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -11,7 +12,8 @@ from psycopg_pool import ConnectionPool
 from pg_idempotency import Idempotency, Lease
 from pg_idempotency.flask import FlaskIdempotency
 
-from common import (BINARY_BODY, DSN, as_int, charge_body, mark_started, order_body, pause)
+from common import (BINARY_BODY, DSN, as_int, charge_body, committed_state, mark_started,
+                    order_body, pause, wait_until)
 
 
 def create_app() -> flask.Flask:
@@ -33,30 +35,31 @@ def create_app() -> flask.Flask:
             "INSERT INTO orders (customer, total, idem_key) VALUES (%s, %s, %s) RETURNING id",
             (order["customer"], order["total"], key)).fetchone()
         conn.execute("INSERT INTO handler_runs (idem_key) VALUES (%s)", (key,))
-        if flask.request.args.get("pause"):
+        if flask.request.headers.get("X-Pause"):
             mark_started(key)
-            pause(float(flask.request.args["pause"]))
-        response = flask.Response(order_body(row[0]), status=201,
+            pause(float(flask.request.headers["X-Pause"]))
+        status = as_int(flask.request.headers.get("X-Status"), 201)
+        response = flask.Response(order_body(row[0]), status=status,
                                   content_type="application/json")
         response.headers["Location"] = f"/orders/{row[0]}"
         response.headers["X-Not-Replayed"] = "1"
         return response
 
-    @app.post("/payments")
-    @idem.leased(required=True, lease=timedelta(seconds=2))
+    @app.post("/payments")  # no heartbeat: the tests take the lease over
+    @idem.leased(required=True, lease=timedelta(seconds=2), heartbeat=False)
     def pay(lease: Lease) -> flask.Response:
         with pool.connection() as conn:  # the work's own short transactions
             conn.execute("INSERT INTO handler_runs (idem_key, attempt) VALUES (%s, %s)",
                          (lease.key, lease.attempt))
-        if flask.request.args.get("abort"):
-            flask.abort(int(flask.request.args["abort"]))
-        if flask.request.args.get("pause"):
+        if flask.request.headers.get("X-Abort"):
+            flask.abort(int(flask.request.headers["X-Abort"]))
+        if flask.request.headers.get("X-Pause"):
             mark_started(f"{lease.key}.{lease.attempt}")
-            pause(float(flask.request.args["pause"]))
+            pause(float(flask.request.headers["X-Pause"]))
         with pool.connection() as conn:  # the provider keeps its own idempotency key
             conn.execute("INSERT INTO provider_charges VALUES (%s, %s) ON CONFLICT DO NOTHING",
                          (lease.key, lease.attempt))
-        status = as_int(flask.request.args.get("status"), 201)
+        status = as_int(flask.request.headers.get("X-Status"), 201)
         return flask.Response(charge_body(lease.key, lease.attempt), status=status,
                               content_type="application/json")
 
@@ -65,13 +68,57 @@ def create_app() -> flask.Flask:
     def explode(lease: Lease) -> flask.Response:
         raise RuntimeError("the provider is down")
 
-    @app.post("/heartbeat")
-    @idem.leased(required=True, lease=timedelta(seconds=1), heartbeat=True)
+    @app.post("/heartbeat")  # heartbeats by default
+    @idem.leased(required=True, lease=timedelta(seconds=1))
     def long_job(lease: Lease) -> flask.Response:
         mark_started(f"{lease.key}.{lease.attempt}")
-        pause(float(flask.request.args.get("pause", "3")))
+        if flask.request.headers.get("X-Until-Lost"):
+            wait_until(lambda: lease.lost is not None)
+        else:
+            pause(float(flask.request.headers.get("X-Pause", "3")))
         return flask.Response(charge_body(lease.key, lease.attempt), status=200,
                               content_type="application/json")
+
+    @app.post("/heartbeat-required")
+    @idem.leased(required=True, lease=timedelta(seconds=1), heartbeat=True)
+    def heartbeat_required(lease: Lease) -> flask.Response:
+        return flask.Response(b"{}", status=200, content_type="application/json")
+
+    @app.post("/keep")
+    @idem.transactional(required=True, keep_writes_on_error=True)
+    def keep(conn: Any) -> flask.Response:
+        conn.execute("INSERT INTO orders (customer, total, idem_key) VALUES ('keep', 1, %s)",
+                     (flask.g.idempotency.key,))
+        return flask.Response(b'{"kept": true}', status=409, content_type="application/json")
+
+    def validate() -> Any:
+        if "customer" not in (flask.request.get_json(silent=True) or {}):
+            return flask.Response(b'{"invalid": true}', status=400,
+                                  content_type="application/json")
+        return None
+
+    def on_committed(context: Any, response: flask.Response) -> None:
+        response.headers["X-Committed-State"] = committed_state(context.key)
+        if flask.request.headers.get("X-Fail-Hook"):
+            raise RuntimeError("the hook failed")
+
+    @app.post("/validated")
+    @idem.transactional(required=True, validate=validate, on_committed=on_committed)
+    def validated(conn: Any) -> flask.Response:
+        context = flask.g.idempotency
+        body = json.dumps({"key": context.key, "scope": context.scope,
+                           "attempt": context.attempt, "inserted": context.inserted})
+        return flask.Response(body, status=201, content_type="application/json")
+
+    @app.before_request
+    def parse_form_first() -> None:
+        if flask.request.path == "/form-first":
+            flask.request.form  # a parser reads the stream without keeping the bytes
+
+    @app.post("/form-first")
+    @idem.transactional(required=True)
+    def form_first(conn: Any) -> flask.Response:
+        return flask.Response(b"{}", status=201, content_type="application/json")
 
     @app.post("/items/<item>")
     @idem.transactional(required=True)

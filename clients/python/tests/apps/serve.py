@@ -1,4 +1,5 @@
-"""Start one test application: serve.py flask|fastapi PORT (settings from the environment)."""
+"""Start one test application: serve.py flask|fastapi|flask-conformance|fastapi-conformance PORT
+(settings from the environment)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,24 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 def main() -> None:
     kind, port = sys.argv[1], int(sys.argv[2])
-    if kind == "flask":
+    if kind.startswith("flask"):
         import logging
 
         from werkzeug.serving import make_server
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
-        from flask_app import create_app
+        if kind == "flask-conformance":
+            from conformance_app import create_flask as create_app
+        else:
+            from flask_app import create_app
         make_server("127.0.0.1", port, create_app(), threaded=True).serve_forever()
     else:
         import uvicorn
 
-        from fastapi_app import create_app as create_fastapi
+        if kind == "fastapi-conformance":
+            from conformance_app import create_fastapi
+        else:
+            from fastapi_app import create_app as create_fastapi
         uvicorn.run(create_fastapi(), host="127.0.0.1", port=port, log_level="warning",
                     access_log=False)
 

@@ -1,0 +1,161 @@
+"""The shared conformance vectors of the HTTP contract (clients/conformance/vectors.json, its
+format in clients/conformance/README.md): every vector, in each of its modes, against real
+Flask and FastAPI servers over real HTTP and the real extension; and the fixed fingerprints
+against ``pg_idempotency.http.fingerprint``."""
+
+from __future__ import annotations
+
+import base64
+import json
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Iterator, Optional, Union
+
+import psycopg
+import pytest
+
+import rawhttp
+from pg_idempotency.http import fingerprint
+from test_http import FRAMEWORKS, App, wait_for
+
+#: the repository's clients/conformance, beside clients/python
+VECTORS_FILE = Path(__file__).resolve().parents[2] / "conformance" / "vectors.json"
+MISSING = "the vectors file is missing"
+
+
+def _load() -> Optional[dict[str, Any]]:
+    if not VECTORS_FILE.is_file():
+        return None
+    data: dict[str, Any] = json.loads(VECTORS_FILE.read_text(encoding="utf-8"))
+    return data
+
+
+DATA = _load()
+# a missing file is one failing case, never an empty (skipped) parametrization
+CASES = ([(index, vector["name"], mode) for index, vector in enumerate(DATA["vectors"])
+          for mode in vector["modes"]] if DATA is not None else [(-1, MISSING, "")])
+FINGERPRINTS = DATA["fingerprints"] if DATA is not None else [{"name": MISSING}]
+
+
+def _require_vectors() -> dict[str, Any]:
+    if DATA is None:
+        pytest.fail(f"{VECTORS_FILE} is missing: the conformance vectors come from"
+                    " clients/conformance in the repository")
+    assert DATA["format"] == 1, "a vectors format this runner does not know"
+    return DATA
+
+
+@pytest.fixture(scope="session", params=FRAMEWORKS)
+def conformance_framework(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def conformance_apps() -> Iterator[dict[tuple[str, str], Union[App, Exception]]]:
+    apps: dict[tuple[str, str], Union[App, Exception]] = {}
+    yield apps
+    for running in apps.values():
+        if isinstance(running, App):
+            running.stop()
+
+
+@pytest.fixture
+def conformance_app(conformance_framework: str, dsn: str, markers: Path,
+                    conformance_apps: dict[tuple[str, str], Union[App, Exception]]) -> App:
+    """One application per framework and database; one that failed to start fails every
+    vector at once (instead of each waiting for it again)."""
+    if (conformance_framework, dsn) not in conformance_apps:
+        try:
+            conformance_apps[conformance_framework, dsn] = App(
+                f"{conformance_framework}-conformance", dsn, markers,
+                {"CONFORMANCE_VECTORS": str(VECTORS_FILE)})
+        except RuntimeError as exc:
+            conformance_apps[conformance_framework, dsn] = exc
+    app = conformance_apps[conformance_framework, dsn]
+    if isinstance(app, Exception):
+        raise app
+    return app
+
+
+def _count(conn: psycopg.Connection[Any], table: str, run: str) -> int:
+    row = conn.execute(f"SELECT count(*) FROM {table} WHERE run = %s", (run,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _check(expect: dict[str, Any], answer: rawhttp.Answer, answers: dict[int, rawhttp.Answer],
+           conn: psycopg.Connection[Any], run: str, where: str) -> None:
+    where = f"{where}: {answer.status} {answer.headers} {answer.body[:300]!r}"
+    if "status" in expect:
+        assert answer.status == expect["status"], where
+    if "replayed" in expect:
+        replayed = answer.header("Idempotent-Replayed")
+        assert (replayed == "true") if expect["replayed"] else replayed is None, where
+    if "code" in expect:
+        assert (answer.header("Content-Type") or "").startswith("application/problem+json"), where
+        problem = json.loads(answer.body)
+        assert problem["code"] == expect["code"] and problem["status"] == answer.status, where
+        assert problem["type"] == "about:blank" and problem["title"] and problem["detail"], where
+    if "retry_after" in expect:
+        retry_after = answer.header("Retry-After")
+        assert (retry_after is not None and retry_after.isdigit()) == expect["retry_after"], where
+    if "same_body_as" in expect:
+        assert answer.body == answers[expect["same_body_as"]].body, where
+    if "body_differs_from" in expect:
+        assert answer.body != answers[expect["body_differs_from"]].body, where
+    if "handler_runs" in expect:
+        assert _count(conn, "conformance_starts", run) == expect["handler_runs"], where
+    if "committed_writes" in expect:
+        assert _count(conn, "conformance_writes", run) == expect["committed_writes"], where
+
+
+@pytest.mark.parametrize("index, name, mode", CASES,
+                         ids=[f"{name}-{mode}" if mode else name for _, name, mode in CASES])
+def test_vector(index: int, name: str, mode: str, conformance_framework: str,
+                conn: psycopg.Connection[Any], markers: Path, request: pytest.FixtureRequest
+                ) -> None:
+    vector = _require_vectors()["vectors"][index]
+    app: App = request.getfixturevalue("conformance_app")
+    run = f"{conformance_framework}-v{index}-{mode}"
+    for marker in (f"{run}.held", f"{run}.release"):  # left by the run on another database
+        (markers / marker).unlink(missing_ok=True)
+    answers: dict[int, rawhttp.Answer] = {}
+    pending: dict[int, Future[rawhttp.Answer]] = {}
+
+    def send(r: dict[str, Any]) -> rawhttp.Answer:
+        body = (r["body_text"].encode("utf-8") if "body_text" in r
+                else base64.b64decode(r["body_base64"]) if "body_base64" in r else None)
+        return rawhttp.send(app.port, r["method"], f"/{run}{r['target']}",
+                            [(h[0], h[1]) for h in r.get("headers", [])], body)
+
+    with ThreadPoolExecutor(4) as background:
+        for i, step in enumerate(vector["steps"]):
+            where = f"{name} ({mode}, {conformance_framework}) step {i}"
+            if "request" in step and step.get("hold"):
+                pending[i] = background.submit(send, step["request"])
+                wait_for(markers / f"{run}.held", timeout=120)  # its handler started
+            elif "request" in step and step.get("background"):
+                pending[i] = background.submit(send, step["request"])
+            elif "request" in step:
+                answers[i] = send(step["request"])
+                _check(step["expect"], answers[i], answers, conn, run, where)
+            else:
+                waited = step["release"] if "release" in step else step["await"]
+                if "release" in step:
+                    (markers / f"{run}.release").write_text("go")
+                answers[waited] = pending.pop(waited).result(timeout=120)
+                _check(step["expect"], answers[waited], answers, conn, run, where)
+        assert not pending, f"{name}: steps never awaited: {sorted(pending)}"
+
+
+@pytest.mark.parametrize("case", FINGERPRINTS, ids=[f["name"] for f in FINGERPRINTS])
+def test_fingerprint_vector(case: dict[str, Any]) -> None:
+    _require_vectors()
+    lines = case["headers"]
+    chosen = []
+    for name in case["fingerprint_headers"]:
+        values = [value for header, value in lines if header.lower() == name.lower()]
+        chosen.append((name, ", ".join(values) if values else None))
+    got = fingerprint(case["method"], case["target"].encode("utf-8"), case["content_type"],
+                      base64.b64decode(case["body_base64"]), chosen)
+    assert got.hex() == case["sha256"]
