@@ -4,8 +4,7 @@ namespace idem {
 
 static Catalog cache;
 static bool cache_valid = false;
-static uint64 cache_generation = 0;
-static uint64 returned_generation = 0;
+static uint64 cache_generation = 0; // counts the invalidations that reached the cache
 
 // What the cache allocates lives in `cache_memory`. A rebuild keeps the previous generation's
 // memory alive until the next one, so a caller still holding a copy of the old catalog is safe.
@@ -129,16 +128,16 @@ catalog_get()
 	if (!cache_valid)
 	{
 		build(&cache);
+		cache.generation = cache_generation;
 		cache_valid = true;
 	}
-	returned_generation = cache_generation;
 	return &cache;
 }
 
 bool
 catalog_is_current(const Catalog *catalog)
 {
-	return catalog == &cache && cache_valid && returned_generation == cache_generation;
+	return cache_valid && catalog->generation == cache_generation;
 }
 
 void

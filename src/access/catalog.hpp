@@ -62,11 +62,14 @@ struct Catalog
 	ScanKeyData expiry_scankey;
 	// The table's indexes, read under the table's lock by catalog_load_indexes. index_info is
 	// nullptr for an index with expressions or a predicate: its IndexInfo carries per-query state,
-	// so it is built per call.
+	// so it is built per call. The others keep what their access method caches in ii_AmCache
+	// (BRIN: its BrinDesc, which points into the index's relcache entry) until the next
+	// invalidation: not to be used from a copy that is no longer current (catalog_is_current).
 	bool indexes_loaded;
 	int nindexes;
 	Oid *index_oid;
 	IndexInfo **index_info;
+	uint64 generation; // which build of the cache this is (catalog_is_current)
 };
 
 // The catalog of the extension in this database; ERROR if it is not installed. The pointer stays
@@ -74,7 +77,8 @@ struct Catalog
 // what they need or re-fetch after opening relations (see KeyTable).
 const Catalog *catalog_get();
 
-// True while the catalog returned last is still current.
+// True while no invalidation has reached the cache since `catalog` (the one catalog_get returned,
+// or a copy of it) was built.
 bool catalog_is_current(const Catalog *catalog);
 
 // Reads the index list of the open table into the cache, once per catalog.

@@ -74,11 +74,17 @@ open_indexes(KeyTable *kt)
 	for (int i = 0; i < n; i++)
 	{
 		Oid oid = kt->catalog.index_oid[i];
-		Relation index = oid == kt->catalog.pkey_oid ? kt->pkey : index_open(oid, kt->lockmode);
-		kt->indexes[i] = index;
-		kt->index_info[i] = kt->catalog.index_info[i] != nullptr ? kt->catalog.index_info[i]
-		                                                         : BuildIndexInfo(index);
+		kt->indexes[i] = oid == kt->catalog.pkey_oid ? kt->pkey : index_open(oid, kt->lockmode);
 	}
+	// An invalidation processed since the catalog was copied (by these opens, or earlier in the
+	// call: the claim may have waited in between) may have rebuilt the relcache entry of an index
+	// that was not open, such as the expiry index after VACUUM or ANALYZE. The cached IndexInfos
+	// then hold what the access method cached from the old entry (BRIN's BrinDesc points to its
+	// freed tuple descriptor): build this call's own.
+	bool cached = catalog_is_current(&kt->catalog);
+	for (int i = 0; i < n; i++)
+		kt->index_info[i] = cached && kt->catalog.index_info[i] != nullptr ? kt->catalog.index_info[i]
+		                                                                   : BuildIndexInfo(kt->indexes[i]);
 	kt->nindexes = n;
 	TupleDesc desc = RelationGetDescr(kt->rel);
 	kt->written = MakeSingleTupleTableSlot(desc, &TTSOpsHeapTuple);
