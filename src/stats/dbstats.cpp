@@ -1,6 +1,7 @@
 #include "stats/dbstats.hpp"
 
 #include "common/compat.hpp"
+#include "common/dbslots.hpp"
 
 extern "C" {
 #include "port/atomics.h"
@@ -133,30 +134,7 @@ find_slot(Oid dboid, bool create)
 {
 	if (shared == nullptr || !OidIsValid(dboid))
 		return nullptr;
-	LWLockAcquire(shared->lock, LW_SHARED);
-	for (int i = 0; i < max_databases; i++)
-		if (shared->slot[i].dboid == dboid)
-		{
-			LWLockRelease(shared->lock);
-			return &shared->slot[i];
-		}
-	LWLockRelease(shared->lock);
-	if (!create)
-		return nullptr;
-
-	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	DbSlot *result = nullptr;
-	for (int i = 0; i < max_databases && result == nullptr; i++)
-		if (shared->slot[i].dboid == dboid)
-			result = &shared->slot[i];
-	for (int i = 0; i < max_databases && result == nullptr; i++)
-		if (shared->slot[i].dboid == InvalidOid)
-		{
-			result = &shared->slot[i];
-			result->dboid = dboid;
-		}
-	LWLockRelease(shared->lock);
-	return result;
+	return db_slot_find(shared->lock, shared->slot, dboid, create);
 }
 
 // At exit: add this backend's counts to its database's and free its slot, in one step for

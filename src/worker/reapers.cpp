@@ -1,5 +1,7 @@
 #include "worker/reapers.hpp"
 
+#include "common/dbslots.hpp"
+
 extern "C" {
 #include "port/atomics.h"
 #include "storage/ipc.h"
@@ -73,30 +75,7 @@ find_slot(Oid dboid, bool create)
 {
 	if (shared == nullptr || !OidIsValid(dboid))
 		return nullptr;
-	LWLockAcquire(shared->lock, LW_SHARED);
-	for (ReaperSlot &s : shared->slot)
-		if (s.dboid == dboid)
-		{
-			LWLockRelease(shared->lock);
-			return &s;
-		}
-	LWLockRelease(shared->lock);
-	if (!create)
-		return nullptr;
-
-	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	ReaperSlot *result = nullptr;
-	for (int i = 0; i < max_databases && result == nullptr; i++)
-		if (shared->slot[i].dboid == dboid)
-			result = &shared->slot[i];
-	for (int i = 0; i < max_databases && result == nullptr; i++)
-		if (shared->slot[i].dboid == InvalidOid)
-		{
-			result = &shared->slot[i];
-			result->dboid = dboid;
-		}
-	LWLockRelease(shared->lock);
-	return result;
+	return db_slot_find(shared->lock, shared->slot, dboid, create);
 }
 
 static void
