@@ -256,4 +256,50 @@ SELECT key, outcome, inserted FROM idem_claim_batch(ARRAY['e-tok', 'b-tok'], 'ba
 COMMIT;
 SELECT key, state FROM idem_keys WHERE scope = 'batch-ap' AND key LIKE '%-tok' ORDER BY key;
 
+-- 15. Which key failed (docs/contract.md §11): an error while a key is handled has a CONTEXT line
+-- naming the key and its element of "keys"; an error about the key's state (IK001 to IK004,
+-- 22003) and a repeated key carry the key in the error's COLUMN_NAME field; argument errors,
+-- raised before any key is handled, carry neither.
+CREATE PROCEDURE pg_temp.which_key(sql text)
+LANGUAGE plpgsql AS $proc$
+DECLARE
+    code text;
+    col  text;
+    ctx  text;
+BEGIN
+    EXECUTE sql;
+    RAISE NOTICE 'no error';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, col = COLUMN_NAME, ctx = PG_EXCEPTION_CONTEXT;
+    -- the innermost context line is the batch's; PL/pgSQL's own lines follow it
+    ctx := split_part(ctx, E'\n', 1);
+    RAISE NOTICE '% column_name=% context=%', code, quote_nullable(nullif(col, '')),
+                 CASE WHEN ctx LIKE 'while %' THEN ctx ELSE '(none)' END;
+END
+$proc$;
+SELECT count(*) FROM idem_claim_batch(ARRAY['w-1', 'w-2'], 'batch-w', requests => ARRAY['{"n": 1}', '{"n": 2}']::jsonb[]);
+SELECT idem_complete_batch(ARRAY['w-2'], 'batch-w');
+-- IK001: w-2 stored with another request; element 3 of keys (keys are handled in key order)
+CALL pg_temp.which_key($$SELECT * FROM idem_claim_batch(ARRAY['w-0', 'w-1', 'w-2'], 'batch-w',
+                         requests => ARRAY['{}', '{"n": 1}', '{"n": 3}']::jsonb[])$$);
+-- positions are the array's subscripts, whatever its lower bound
+CALL pg_temp.which_key($$SELECT * FROM idem_claim_batch('[0:1]={w-2,w-9}'::text[], 'batch-w',
+                         requests => '[0:1]={"{}","{}"}'::jsonb[])$$);
+-- a repeat with different requests, found before any key is handled: the key, no context line
+CALL pg_temp.which_key($$SELECT * FROM idem_claim_batch(ARRAY['w-5', 'w-5'], 'batch-w',
+                         requests => ARRAY['{"n": 1}', '{"n": 2}']::jsonb[])$$);
+-- IK003 (w-8 missing), IK004 (w-2 finished), IK002 (w-1 is at attempt 1), a repeat (22023)
+CALL pg_temp.which_key($$SELECT idem_complete_batch(ARRAY['w-1', 'w-8'], 'batch-w')$$);
+CALL pg_temp.which_key($$SELECT idem_complete_batch(ARRAY['w-1', 'w-2'], 'batch-w')$$);
+CALL pg_temp.which_key($$SELECT idem_complete_batch(ARRAY['w-1'], 'batch-w', attempts => ARRAY[2])$$);
+CALL pg_temp.which_key($$SELECT idem_complete_batch(ARRAY['w-1', 'w-2', 'w-1'], 'batch-w')$$);
+-- 22003: a takeover past the last attempt
+UPDATE idem_keys SET attempt = 2147483647, locked_until = now() - interval '1 s'
+ WHERE scope = 'batch-w' AND key = 'w-1';
+CALL pg_temp.which_key($$SELECT * FROM idem_claim_batch(ARRAY['w-1'], 'batch-w', requests => ARRAY['{"n": 1}']::jsonb[])$$);
+-- an argument error names the element in its message; no key was handled
+CALL pg_temp.which_key($$SELECT * FROM idem_claim_batch(ARRAY['w-1', E'w\n2'], 'batch-w')$$);
+-- nothing was written by the failed calls
+SELECT key, state, attempt FROM idem_keys WHERE scope = 'batch-w' ORDER BY key;
+
 DELETE FROM idem_keys WHERE scope LIKE 'batch%';

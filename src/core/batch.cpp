@@ -76,6 +76,63 @@ batch_fingerprints(const Catalog *c, const BatchClaimInput *in, bool *has, Datum
 	}
 }
 
+// Which key of a batch an error is about (docs/contract.md §11): every error raised while a key is
+// handled gets a CONTEXT line naming the key and its element of "keys"; an error about the key's
+// own state also carries the key in its column-name field (psycopg's diag.column_name,
+// node-postgres' err.column, PL/pgSQL's COLUMN_NAME), so that a consumer can set that message aside
+// without parsing text. No field of PostgreSQL's errors is meant for a value; the column name is
+// the one that errors of these functions never otherwise set.
+struct BatchKeyContext
+{
+	ErrorContextCallback callback;
+	const char *verb; // "claiming", "completing"
+	Datum key;
+	int position;
+};
+
+// The SQLSTATEs that say something about the one key being handled, rather than about the call,
+// the transaction or the server.
+static bool
+about_key_state(int sqlstate)
+{
+	return sqlstate == ERRCODE_IDEM_KEY_MISMATCH || sqlstate == ERRCODE_IDEM_ATTEMPT_STALE ||
+	       sqlstate == ERRCODE_IDEM_KEY_NOT_FOUND || sqlstate == ERRCODE_IDEM_KEY_NOT_PENDING ||
+	       sqlstate == ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE;
+}
+
+static void
+report_batch_key(void *arg)
+{
+	const BatchKeyContext *at = static_cast<const BatchKeyContext *>(arg);
+	const char *key = key_text(at->key);
+	errcontext("while %s idempotency key \"%s\", element %d of argument \"keys\"", at->verb, key, at->position);
+	if (about_key_state(geterrcode()))
+		err_generic_string(PG_DIAG_COLUMN_NAME, key);
+}
+
+// Pushed once per batch and pointed at each key in turn. palloc'd rather than on the stack: a C++
+// exception would leave the entry on error_context_stack while the entry point reports it.
+static BatchKeyContext *
+batch_key_context_push(const char *verb)
+{
+	BatchKeyContext *at = (BatchKeyContext *) palloc(sizeof(BatchKeyContext));
+	at->verb = verb;
+	at->key = (Datum) 0;
+	at->position = 0;
+	at->callback.callback = report_batch_key;
+	at->callback.arg = at;
+	at->callback.previous = error_context_stack;
+	error_context_stack = &at->callback;
+	return at;
+}
+
+static void
+batch_key_context_pop(BatchKeyContext *at)
+{
+	error_context_stack = at->callback.previous;
+	pfree(at);
+}
+
 // A key claimed in a short-lived memory context of its own (reset after each key), so that a
 // batch of any size needs the memory of one key at a time besides its results.
 static MemoryContext
@@ -111,7 +168,8 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 			                errmsg("idempotency key \"%s\" appears twice in argument \"keys\" with different requests",
 			                       key_text(in->keys[next])),
 			                errdetail("keys[%d] and keys[%d] are the same key.", in->position[Min(first, next)],
-			                          in->position[Max(first, next)])));
+			                          in->position[Max(first, next)]),
+			                err_generic_string(PG_DIAG_COLUMN_NAME, key_text(in->keys[next]))));
 		}
 	}
 
@@ -120,11 +178,14 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 	// finished already.
 	path_batch_claims_begin(&path, in->scope, in->nkeys, !in->applied);
 	MemoryContext key_cxt = per_key_context();
+	BatchKeyContext *at = batch_key_context_push("claiming");
 	for (int s = 0; s < in->nkeys; s++)
 	{
 		if (s > 0 && same_key(&sorted[s - 1], &sorted[s]))
 			continue;
 		int i = sorted[s].index;
+		at->key = in->keys[i];
+		at->position = in->position[i];
 		CHECK_FOR_INTERRUPTS();
 		MemoryContext caller_cxt = MemoryContextSwitchTo(key_cxt);
 		ClaimInput key_in;
@@ -152,6 +213,7 @@ claim_batch(const BatchClaimInput *in, BatchEmit emit, void *arg)
 		MemoryContextSwitchTo(caller_cxt);
 		MemoryContextReset(key_cxt);
 	}
+	batch_key_context_pop(at);
 	MemoryContextDelete(key_cxt);
 	path_close(&path);
 	pfree(sorted);
@@ -171,16 +233,20 @@ finish_batch(const BatchFinishInput *in)
 			ereport(ERROR, (errhidestmt(true), errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 			                errmsg("argument \"keys\" repeats idempotency key \"%s\"", key_text(in->keys[next])),
 			                errdetail("keys[%d] and keys[%d] are the same key.", in->position[Min(first, next)],
-			                          in->position[Max(first, next)])));
+			                          in->position[Max(first, next)]),
+			                err_generic_string(PG_DIAG_COLUMN_NAME, key_text(in->keys[next]))));
 	}
 
 	KeyPath path;
 	const Catalog *c = path_open(&path, Access::write, "idem_complete_batch()");
 	path_batch_begin(&path);
 	MemoryContext key_cxt = per_key_context();
+	BatchKeyContext *at = batch_key_context_push("completing");
 	for (int s = 0; s < in->nkeys; s++)
 	{
 		int i = sorted[s].index;
+		at->key = in->keys[i];
+		at->position = in->position[i];
 		CHECK_FOR_INTERRUPTS();
 		MemoryContext caller_cxt = MemoryContextSwitchTo(key_cxt);
 		FinishInput key_in;
@@ -210,6 +276,7 @@ finish_batch(const BatchFinishInput *in)
 		MemoryContextSwitchTo(caller_cxt);
 		MemoryContextReset(key_cxt);
 	}
+	batch_key_context_pop(at);
 	MemoryContextDelete(key_cxt);
 	path_close(&path);
 	pfree(sorted);

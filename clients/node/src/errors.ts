@@ -5,6 +5,7 @@ export interface DatabaseErrorLike {
   message: string;
   detail?: string;
   hint?: string;
+  column?: string;
 }
 
 /** Base class: `sqlstate` is the server's code when the error came from PostgreSQL. */
@@ -14,6 +15,12 @@ export class IdempotencyError extends Error {
   readonly sqlstate: string | undefined;
   readonly detail: string | undefined;
   readonly hint: string | undefined;
+  /**
+   * The key of a batch call (idem_claim_batch, idem_complete_batch) that the error is about: the
+   * one that failed with IK001 to IK004 or 22003, or a repeated one. The server sends it in the
+   * error's column field (node-postgres' `err.column`); undefined for other errors.
+   */
+  readonly key: string | undefined;
 
   constructor(message: string, httpStatus: number, source?: DatabaseErrorLike) {
     super(message, source ? { cause: source } : undefined);
@@ -22,6 +29,7 @@ export class IdempotencyError extends Error {
     this.sqlstate = source?.code;
     this.detail = source?.detail;
     this.hint = source?.hint;
+    this.key = source?.column;
   }
 }
 

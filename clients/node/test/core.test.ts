@@ -116,6 +116,30 @@ describe('typed errors', () => {
     assert.equal(err.httpStatus, 422);
   });
 
+  test('a batch call names the key it failed on (1.3 batches)', { skip: Number(extensionVersion) < 1.3 ? 'batches need extension 1.3' : false }, async () => {
+    const [ok, bad, fresh] = [uniqueKey('batch-a'), uniqueKey('batch-b'), uniqueKey('batch-c')];
+    await db.pool.query(`SELECT count(*) FROM idem_claim_batch($1, requests => $2::jsonb[])`, [[ok, bad], ['{"n": 1}', '{"n": 2}']]);
+    const mismatch = translateError(
+      await db.pool
+        .query(`SELECT * FROM idem_claim_batch($1, requests => $2::jsonb[])`, [[fresh, ok, bad], ['{}', '{"n": 1}', '{"n": 3}']])
+        .catch((e: unknown) => e),
+    );
+    assert.ok(mismatch instanceof KeyMismatchError);
+    assert.equal(mismatch.key, bad);
+    const missing = translateError(
+      await db.pool.query(`SELECT idem_complete_batch($1)`, [[ok, fresh]]).catch((e: unknown) => e),
+    );
+    assert.ok(missing instanceof KeyNotFoundError);
+    assert.equal(missing.key, fresh);
+    // nothing of either failed call was written: the first key is still pending
+    const { rows } = await db.pool.query(`SELECT key, state FROM idem_keys WHERE key = ANY($1) ORDER BY key`, [[ok, bad, fresh]]);
+    assert.deepEqual(rows.map((r) => [r.key, r.state]), [[ok, 'pending'], [bad, 'pending']]);
+    // errors of single calls name the key in their message only
+    const single = await db.store.claim(db.pool, { key: bad, request: { n: 4 } }).catch((e: unknown) => e);
+    assert.ok(single instanceof KeyMismatchError);
+    assert.equal(single.key, undefined);
+  });
+
   test('IK002 stale attempt, IK003 not found, IK004 not pending', async () => {
     const key = uniqueKey('fence');
     await db.store.claim(db.pool, { key, lease: 1 });

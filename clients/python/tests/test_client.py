@@ -432,6 +432,30 @@ def test_scale_out_errors_are_typed(conn: Conn, sqlstate: str, error: type[error
     assert ("Retry-After", retry_after) in answer.headers
 
 
+@pytest.mark.versions("1.3")
+def test_batch_errors_name_the_key(idem: Idempotency, conn: Conn) -> None:
+    ok, bad, fresh = (f"batch-{uuid.uuid4()}" for _ in range(3))
+    conn.execute("SELECT count(*) FROM idem_claim_batch(%s, requests => %s::jsonb[])",
+                 ([ok, bad], ['{"n": 1}', '{"n": 2}']))
+    with pytest.raises(psycopg.Error) as info:
+        conn.execute("SELECT * FROM idem_claim_batch(%s, requests => %s::jsonb[])",
+                     ([fresh, ok, bad], ["{}", '{"n": 1}', '{"n": 3}']))
+    mismatch = errors.translate(info.value)
+    assert isinstance(mismatch, errors.KeyMismatchError) and mismatch.key == bad
+    with pytest.raises(psycopg.Error) as info:
+        conn.execute("SELECT idem_complete_batch(%s)", ([ok, fresh],))
+    missing = errors.translate(info.value)
+    assert isinstance(missing, errors.KeyNotFoundError) and missing.key == fresh
+    # nothing of either failed call was written: the first key is still pending
+    rows = conn.execute("SELECT key, state::text FROM idem_keys WHERE key = ANY(%s)",
+                        ([ok, bad, fresh],)).fetchall()
+    assert dict(rows) == {ok: "pending", bad: "pending"}
+    # errors of single calls name the key in their message only
+    with pytest.raises(errors.KeyMismatchError) as single:
+        idem.claim(conn, bad, request={"n": 4})
+    assert single.value.key is None
+
+
 @pytest.mark.versions("1.5")
 def test_row_security_not_in_force_is_typed(idem: Idempotency, conn: Conn, dsn: str,
                                             key: str) -> None:

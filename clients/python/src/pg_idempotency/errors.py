@@ -71,6 +71,10 @@ class DatabaseError(IdempotencyError):
         self.detail: Optional[str] = diag.message_detail
         self.hint: Optional[str] = diag.message_hint
         self.sqlstate_received: Optional[str] = cause.sqlstate
+        #: the key of a batch call (idem_claim_batch, idem_complete_batch) that the error is
+        #: about: the one that failed with IK001 to IK004 or 22003, or a repeated one; the server
+        #: sends it in the error's column-name field. None for other errors.
+        self.key: Optional[str] = diag.column_name
 
 
 class KeyMismatchError(DatabaseError):
