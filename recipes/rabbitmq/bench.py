@@ -9,9 +9,7 @@ RabbitMQ, as in the test). Prints a table; asserts nothing (docs/benchmarks.md k
    new), again after the relay published them all a second time (all duplicates), and with
    batches of 1 (all new, a transaction per message; for 30 s only).
 
-    PG_CONFIG=... /usr/bin/python3 bench.py [N (default 20000)]
-
-Environment: PORT_BASE (6 TCP ports from it, default 17540)."""
+    PG_CONFIG=... /usr/bin/python3 bench.py [N (default 20000)]"""
 
 from __future__ import annotations
 
@@ -28,13 +26,12 @@ import topology
 
 HERE = Path(__file__).resolve().parent
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
-PORT_BASE = int(os.environ.get("PORT_BASE", "17540"))
 
 
 def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="idem-rabbitmq-bench-"))
-    pg = servers.Postgres(base, PORT_BASE + 6)
-    broker = servers.RabbitMQ(base, PORT_BASE)
+    pg = servers.Postgres(base)
+    broker = servers.RabbitMQ(base)
     rows = []
     running: list[subprocess.Popen[str]] = []
     try:

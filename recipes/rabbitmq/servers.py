@@ -1,73 +1,62 @@
-"""Throwaway servers for the tests and the benchmark: a PostgreSQL 15 cluster (from PG_CONFIG's
-bindir, unix socket only) and a RabbitMQ node (loopback only), both under one temporary directory,
-run as the current (unprivileged) user and stopped even when a test fails.
+"""Throwaway servers for the tests and the benchmark: a PostgreSQL cluster (the repository's
+scripts/cluster, binaries from PG_CONFIG, unix socket only) and a RabbitMQ node (loopback only),
+both under one temporary directory, run as the current (unprivileged) user and stopped even when a
+test fails.
 
-Ports: PORT_BASE (default 17500) + 0 epmd, + 1 AMQP, + 2 Erlang distribution, + 3..5 for
-rabbitmqctl's own distribution port. PostgreSQL listens on a unix socket only."""
+The RabbitMQ node takes six consecutive free ports (scripts/cluster hands them out, reserved for
+this process): + 0 epmd, + 1 AMQP, + 2 Erlang distribution, + 3..5 for rabbitmqctl's own
+distribution port."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pika
 import pika.exceptions
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import cluster  # noqa: E402
+
 RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
 
 
-def pg_bindir() -> Path:
-    pg_config = os.environ.get("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_config")
-    return Path(subprocess.run([pg_config, "--bindir"], check=True, capture_output=True,
-                               text=True).stdout.strip())
-
-
 class Postgres:
-    def __init__(self, base: Path, port: int) -> None:
-        self.bindir = pg_bindir()
-        self.data = base / "pgdata"
-        self.socket = base / "pgsock"
-        self.log = base / "postgres.log"
-        self.port = port
+    """A cluster under base, the extension preloaded, made and started by start()."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.cluster: cluster.Cluster | None = None
 
     def env(self, database: str) -> dict[str, str]:
         """The libpq variables that point a client at this cluster."""
-        return {"PGHOST": str(self.socket), "PGPORT": str(self.port), "PGDATABASE": database,
-                "PGUSER": os.environ.get("USER") or subprocess.run(
-                    ["id", "-un"], capture_output=True, text=True).stdout.strip()}
+        assert self.cluster is not None
+        return self.cluster.env(database)
 
     def start(self, settings: dict[str, str] | None = None) -> None:
-        self.socket.mkdir(parents=True, exist_ok=True)
-        subprocess.run([self.bindir / "initdb", "-D", self.data, "-A", "trust", "-E", "UTF8",
-                        "--locale=C.UTF-8"], check=True, capture_output=True)
-        conf = {"listen_addresses": "''", "port": str(self.port),
-                "unix_socket_directories": f"'{self.socket}'",
-                "shared_preload_libraries": "'idempotency'", "max_connections": "50"}
-        conf.update(settings or {})
-        with open(self.data / "postgresql.conf", "a") as f:
-            f.writelines(f"{k} = {v}\n" for k, v in conf.items())
-        subprocess.run([self.bindir / "pg_ctl", "-D", self.data, "-l", self.log, "-w", "-t",
-                        "120", "start"], check=True, capture_output=True)
+        self.cluster = cluster.Cluster(self.base / "pgdata", socket=self.base / "pgsock",
+                                       preload=True, log=self.base / "postgres.log",
+                                       settings={"max_connections": "50", **(settings or {})})
+        self.cluster.start()
 
     def psql(self, database: str, sql: str) -> str:
-        return subprocess.run(
-            [self.bindir / "psql", "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
-             "-h", str(self.socket), "-p", str(self.port), "-d", database, "-c", sql],
-            check=True, capture_output=True, text=True).stdout.strip()
+        assert self.cluster is not None
+        return self.cluster.psql(database, sql)
 
     def stop(self) -> None:
-        if (self.data / "postmaster.pid").exists():
-            subprocess.run([self.bindir / "pg_ctl", "-D", self.data, "-m", "immediate", "stop"],
-                           capture_output=True)
+        if self.cluster is not None:
+            self.cluster.stop("immediate")
 
 
 class RabbitMQ:
     """One node, its Erlang cookie, mnesia and logs under base; epmd on a port of our own."""
 
-    def __init__(self, base: Path, port_base: int) -> None:
+    def __init__(self, base: Path) -> None:
+        port_base = cluster.free_port(6)
         self.base = base / "rabbitmq"
         self.node = f"idem-{os.getpid()}@localhost"
         self.amqp_port = port_base + 1

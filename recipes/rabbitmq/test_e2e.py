@@ -14,7 +14,7 @@ Then, from the database: every committed order's event applied exactly once (0 l
 twice, 0 applied without a committed order), poison events applied never and dead-lettered, stock
 totals equal to the sum of the applied orders.
 
-Environment: PG_CONFIG, PORT_BASE (first of 6 TCP ports; default 17500), MESSAGES (default 10000).
+Environment: PG_CONFIG, MESSAGES (default 10000); IDEMPOTENCY_PORTS (the range of the free ports).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ import topology
 HERE = Path(__file__).resolve().parent
 PYTHON = "/usr/bin/python3"
 MESSAGES = int(os.environ.get("MESSAGES", "10000"))
-PORT_BASE = int(os.environ.get("PORT_BASE", "17500"))
 FAIL_EVERY, DUPLICATE_EVERY, POISON_EVERY = 50, 20, 1000
 PRODUCERS = 4
 DEADLINE_S = 360
@@ -116,8 +115,8 @@ def wait_until(predicate, timeout: float, step: float = 0.5) -> bool:
 def main() -> int:
     tap = Tap()
     base = Path(tempfile.mkdtemp(prefix="idem-rabbitmq-"))
-    pg = servers.Postgres(base, PORT_BASE + 6)
-    broker = servers.RabbitMQ(base, PORT_BASE)
+    pg = servers.Postgres(base)
+    broker = servers.RabbitMQ(base)
     procs: Processes | None = None
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.monotonic()

@@ -1,31 +1,36 @@
-"""Throwaway PostgreSQL clusters for the scale-out tests: unix sockets only, under one temp dir,
-binaries from $PG_CONFIG (default: Debian's PostgreSQL 15)."""
+"""Throwaway PostgreSQL clusters for the scale-out tests and benchmark, made by the repository's
+scripts/cluster: unix sockets only, under one temp dir, binaries from $PG_CONFIG (default:
+Debian's PostgreSQL 15)."""
 
-import os
-import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import psycopg
 
-PG_CONFIG = os.environ.get("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_config")
-BINDIR = Path(subprocess.run([PG_CONFIG, "--bindir"], check=True, capture_output=True,
-                             text=True).stdout.strip())
 HERE = Path(__file__).resolve().parent.parent          # scale-out/
-FIRST_PORT = int(os.environ.get("IDEMPOTENCY_SCALEOUT_PORT", "18000"))
+sys.path.insert(0, str(HERE.parent / "scripts"))
+import cluster as throwaway  # noqa: E402
+
+BINDIR = throwaway.bindir()
+# every server of a deployment
+SETTINGS = {"idempotency.reaper_naptime": "1s", "idempotency.reaper_databases": "'idem'",
+            "max_connections": "80", "log_min_messages": "warning"}
 
 
 class Cluster:
-    """One PostgreSQL server with a database "idem"."""
+    """One PostgreSQL server with a database "idem", a copy of the deployment's template on a
+    free port (the name of its socket in the deployment's socket directory)."""
 
-    def __init__(self, root: Path, name: str, port: int, template: Path, conf: str = ""):
-        self.name, self.port = name, port
-        self.data = root / name
-        self.socket_dir = root / "sock"
-        shutil.copytree(template, self.data)
-        with open(self.data / "postgresql.conf", "a") as file:
-            file.write(f"port = {port}\n{conf}")
+    def __init__(self, root: Path, prefix: str, template: Path, settings: dict[str, str]):
+        self.port = throwaway.free_port()
+        self.name = f"{prefix}{self.port}"
+        self.server = throwaway.Cluster(root / self.name, socket=root / "sock", port=self.port,
+                                        preload=True, no_fsync=True, settings=settings,
+                                        template=template)
+        self.data = self.server.data
+        self.socket_dir = self.server.socket
         self.start()
         self.psql_script("postgres", "CREATE DATABASE idem")
 
@@ -34,12 +39,10 @@ class Cluster:
         return f"host={self.socket_dir} port={self.port} dbname=idem"
 
     def start(self) -> None:
-        subprocess.run([BINDIR / "pg_ctl", "-D", self.data, "-l", self.data / "server.log", "-w",
-                        "-t", "120", "start"], check=True, stdout=subprocess.DEVNULL)
+        self.server.start()
 
     def stop(self, mode: str = "fast") -> None:
-        subprocess.run([BINDIR / "pg_ctl", "-D", self.data, "-m", mode, "-w", "stop"],
-                       check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.server.stop(mode)
 
     def connect(self, **kwargs) -> psycopg.Connection:
         kwargs.setdefault("autocommit", True)
@@ -56,47 +59,32 @@ class Cluster:
             return conn.execute(sql, params).fetchall()
 
     def log(self) -> str:
-        return (self.data / "server.log").read_text(errors="replace")
+        return self.server.read_log()
 
 
 class Deployment:
     """N partitions (each with the extension, its reaper and schema idem_partition) and a proxy."""
 
-    def __init__(self, root: Path, partitions: int, spare: int = 0, first_port: int = FIRST_PORT,
-                 extra_conf: str = "", proxies: int = 1):
+    def __init__(self, root: Path, partitions: int, spare: int = 0,
+                 settings: dict[str, str] | None = None, proxies: int = 1):
         self.root = root
         template = root / "template"
-        if not template.exists():
-            subprocess.run([BINDIR / "initdb", "-D", template, "-A", "trust", "-E", "UTF8",
-                            "--locale=C.UTF-8"], check=True, stdout=subprocess.DEVNULL)
-            with open(template / "postgresql.conf", "a") as conf:
-                conf.write(f"""listen_addresses = ''
-unix_socket_directories = '{root / "sock"}'
-shared_preload_libraries = 'idempotency'
-idempotency.reaper_naptime = 1s
-idempotency.reaper_databases = 'idem'
-max_connections = 80
-fsync = off
-log_min_messages = warning
-{extra_conf}""")
-            (root / "sock").mkdir(exist_ok=True)
-        port = first_port
+        if not template.exists():   # made once, copied for every server
+            throwaway.Cluster(template, socket=root / "sock", no_fsync=True)
+        settings = {**SETTINGS, **(settings or {})}
         self.partitions = []
         for i in range(partitions + spare):
-            cluster = Cluster(root, f"p{port}", port, template)
+            cluster = Cluster(root, "p", template, settings)
             cluster.psql_script("idem", "CREATE EXTENSION idempotency")
             cluster.psql_script("idem", file=HERE / "sql" / "partition.sql")
             if i < partitions:
                 cluster.psql_script("idem", f"SELECT idem_partition.configure({i}, {partitions})")
             self.partitions.append(cluster)
-            port += 1
         # the proxies have no keys: no reaper coming and going there
-        self.proxies = []
-        for _ in range(proxies):
-            proxy = Cluster(root, f"proxy{port}", port, template, "idempotency.reaper_enabled = off\n")
+        self.proxies = [Cluster(root, "proxy", template, {**settings, "idempotency.reaper_enabled": "off"})
+                        for _ in range(proxies)]
+        for proxy in self.proxies:
             proxy.psql_script("idem", file=HERE / "sql" / "proxy.sql")
-            self.proxies.append(proxy)
-            port += 1
         self.proxy = self.proxies[0]
         self.configure_proxy(self.partitions[:partitions])
 

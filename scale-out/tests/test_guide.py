@@ -4,49 +4,45 @@ as the operating system user that runs PostgreSQL; the application calls the pro
 `app`, the resharding tool runs as `idem_admin`, as the guide says."""
 
 import os
-import shutil
 import subprocess
 
 import psycopg
 import pytest
 
 from guide import guide_blocks
-from pgcluster import BINDIR, HERE
+from pgcluster import BINDIR, HERE, throwaway
+
+SETTINGS = {"max_connections": "40", "log_min_messages": "warning"}
 
 SCOPES = [f"g-{i}" for i in range(40)]
 PASSWORD = "guide-password"
 
 
 class Server:
-    """A fresh PostgreSQL server on its own socket directory, port 5432 (the guide's default),
-    without the extension preloaded: the guide's blocks do that."""
+    """A fresh PostgreSQL server (scripts/cluster, a copy of the template) on its own socket
+    directory, port 5432 (the guide's default), without the extension preloaded: the guide's
+    blocks do that."""
 
     def __init__(self, root, name, template):
         self.name, self.host = name, str(root / name)
-        self.data = root / name / "data"
-        shutil.copytree(template, self.data)
-        with open(self.data / "postgresql.conf", "a") as conf:
-            conf.write(f"unix_socket_directories = '{self.host}'\n")
-        subprocess.run([BINDIR / "pg_ctl", "-D", self.data, "-l", self.data / "server.log", "-w", "-t", "120",
-                        "start"], check=True, stdout=subprocess.DEVNULL)
+        self.server = throwaway.Cluster(root / name / "data", socket=root / name, port=5432,
+                                        no_fsync=True, settings=SETTINGS, template=template)
+        self.data = self.server.data
+        self.server.start()
 
     def query(self, dbname, sql, user=None):
         with psycopg.connect(host=self.host, dbname=dbname, user=user, autocommit=True) as conn:
             return conn.execute(sql).fetchall()
 
     def stop(self):
-        subprocess.run([BINDIR / "pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop"],
-                       check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.server.stop("immediate")
 
 
 @pytest.fixture(scope="module")
 def servers(root):
     base = root / "guide"
     template = base / "template"
-    subprocess.run([BINDIR / "initdb", "-D", template, "-A", "trust", "-E", "UTF8", "--locale=C.UTF-8"],
-                   check=True, stdout=subprocess.DEVNULL)
-    with open(template / "postgresql.conf", "a") as conf:
-        conf.write("listen_addresses = ''\nfsync = off\nmax_connections = 40\nlog_min_messages = warning\n")
+    throwaway.Cluster(template, socket=base, port=5432, no_fsync=True)
     made = {}
     try:
         for name in ("p0", "p1", "proxy1", "proxy2", "p2", "p3"):

@@ -1,31 +1,22 @@
-"""Loopback helpers of the tests: free ports in the tests' range, and a TCP proxy in front of
-PostgreSQL that counts exchanges on the wire."""
+"""Loopback helpers of the tests: free ports (the repository's scripts/cluster hands them out,
+reserved for this process), and a TCP proxy in front of PostgreSQL that counts exchanges on the
+wire."""
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
+import sys
 import threading
+from pathlib import Path
 from typing import Optional
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-_next_port = [0]
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+from cluster import free_port  # noqa: E402
 
-
-def free_port() -> int:
-    first, last = (int(p) for p in os.environ.get("IDEMPOTENCY_TEST_PORTS",
-                                                   "17100-17499").split("-"))
-    while True:
-        port = first + _next_port[0] % (last - first + 1)
-        _next_port[0] += 1
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
+__all__ = ["ExchangeCounter", "free_port"]
 
 
 class ExchangeCounter:

@@ -10,7 +10,6 @@ use Test::More;
 use File::Basename qw(dirname);
 use File::Spec;
 use HTTP::Tiny;
-use IO::Socket::INET;
 use JSON::PP;
 use POSIX qw(:sys_wait_h);
 use Time::HiRes qw(sleep);
@@ -145,19 +144,12 @@ my %stats = (
 is(app('SELECT ' . join(', ', sort keys %stats) . ' FROM idem_stats'),
 	join('|', map { $stats{$_} } sort keys %stats), 'idem_stats counted the workload');
 
-# ---- the exporter, on a free loopback port
+# ---- the exporter, on a free loopback port (scripts/cluster's, reserved for this process)
 sub free_port
 {
-	my $first = $ENV{MONITORING_EXPORTER_PORT} // 18500;
-	for my $port ($first .. $first + 499)
-	{
-		my $sock = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $port,
-			Proto => 'tcp', ReuseAddr => 0);
-		next unless $sock;
-		close $sock;
-		return $port;
-	}
-	die 'no free port for the exporter';
+	my $port = `bash $part/../../scripts/cluster port --holder $$`;
+	$? == 0 && $port =~ /^(\d+)$/ or die 'no free port for the exporter';
+	return $1;
 }
 my $port = free_port();
 my $exporter_log = "$PostgreSQL::Test::Utils::log_path/exporter.log";

@@ -5,7 +5,6 @@
 # preloaded, the demo database with the extension). Then the scrapes the blocks made are checked.
 use strict;
 use warnings;
-use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use File::Basename qw(dirname);
@@ -28,23 +27,23 @@ unlike(join('', @blocks), qr/DATA_SOURCE_NAME=[^\n]*password/, 'no password in t
 # the checkout: short, for the socket path (scripts/run refuses over 90 characters)
 my $root = tempdir('/tmp/idem-readme-XXXXXX', CLEANUP => 1);
 symlink("$tree/$_", "$root/$_") or die "symlink $_: $!" for qw(scripts monitoring);
-my $owner = getpwuid($<);
-my $port = PostgreSQL::Test::Cluster::get_free_port();
-my $exporter_port = PostgreSQL::Test::Cluster::get_free_port();
+my $cluster = "$tree/scripts/cluster";
+sub free_port
+{
+	my $port = `bash $cluster port --holder $$`;
+	$? == 0 && $port =~ /^(\d+)$/ or BAIL_OUT('scripts/cluster port failed');
+	return $1;
+}
+my $port = free_port();
+my $exporter_port = free_port();
 my $server_log = "$PostgreSQL::Test::Utils::log_path/readme-cluster.log";
 
+# scripts/run's cluster, made as scripts/run makes it
 mkdir("$root/.run", 0700) or die $!;
-system_or_bail('initdb', '-D', "$root/.pgdata", '-U', $owner, '-E', 'UTF8', '--locale=C.UTF-8',
-	'--auth-local=trust', '--auth-host=scram-sha-256');
-append_to_file("$root/.pgdata/postgresql.conf", "include_if_exists = 'idempotency-run.conf'\n");
-append_to_file("$root/.pgdata/idempotency-run.conf", <<CONF);
-listen_addresses = '127.0.0.1'
-port = $port
-unix_socket_directories = '$root/.run'
-shared_preload_libraries = 'idempotency'
-CONF
+system_or_bail('bash', $cluster, 'init', "$root/.pgdata", '--socket', "$root/.run", '--port', $port,
+	'--tcp', '--preload', '--auth-host', 'scram-sha-256');
 append_to_file("$root/.run/port", "$port\n");
-system_or_bail('pg_ctl', '-D', "$root/.pgdata", '-l', $server_log, '-w', 'start');
+system_or_bail('bash', $cluster, 'start', "$root/.pgdata", '--log', $server_log);
 END
 {
 	# the README's last block stops the exporter; after a failure before it, stop it here
@@ -53,7 +52,7 @@ END
 		my $pid = <$fh>;
 		kill 'TERM', $1 if defined $pid && $pid =~ /^(\d+)/;
 	}
-	system('pg_ctl', '-D', "$root/.pgdata", '-m', 'immediate', 'stop') if $root && -d "$root/.pgdata";
+	system('bash', $cluster, 'stop', "$root/.pgdata", '--mode', 'immediate') if $root && -d "$root/.pgdata";
 }
 $SIG{INT} = $SIG{TERM} = sub { exit 1; };
 
