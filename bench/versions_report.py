@@ -14,6 +14,7 @@ NAMES = {"claim_new": "claim_new (claim a new key)", "cycle": "cycle (BEGIN, cla
 
 def main(path):
     meta, rate, growth, versions = {}, defaultdict(dict), defaultdict(list), []
+    instr = defaultdict(dict)  # workload -> version -> (total, without printing, in the extension)
     with open(path) as f:
         for line in f:
             row = line.rstrip("\n").split("\t")
@@ -24,16 +25,26 @@ def main(path):
                 rate[(wl, var)].setdefault(v, {})[int(rnd)] = float(value)
                 if v not in versions:
                     versions.append(v)
+            elif row[0] == "instr":
+                _, v, wl, total, quiet, ours = row
+                instr[wl][v] = (int(total), int(quiet), int(ours))
+                if v not in versions:
+                    versions.append(v)
             elif row[0] == "growth":
                 _, v, rnd, pages, reaped, ms = row
                 growth[v].append((int(rnd), int(pages), int(reaped), float(ms)))
     base, newer = versions[0], versions[1:]
     print(f"# PostgreSQL {', '.join(newer)} against {base}\n")
     for key in ("date", "command", "commit", "machine", "settings", "elapsed"):
-        print(f"- {key}: {meta.get(key, '?')}")
+        if key in meta:
+            print(f"- {key}: {meta[key]}")
     for v in versions:
-        print(f"- {v}: {meta.get('server ' + v, '?')}")
+        if "server " + v in meta:
+            print(f"- {v}: {meta['server ' + v]}")
     print()
+    if instr:
+        print_instructions(instr, versions)
+        return
     head = "| workload | " + " | ".join(f"{v} median" for v in versions) + " | " + \
         " | ".join(f"{v} / {base} (range)" for v in newer) + " | " + \
         " | ".join(f"ext / ref on {v}" for v in versions) + " |"
@@ -65,6 +76,29 @@ def main(path):
                 g = next((g for g in growth[v] if g[0] == rnd), None)
                 cells.append(f"{g[3] * 1000 / g[2]:.2f}" if g else "-")
             print(f"| {rnd} | {pages} | " + " | ".join(cells) + " |")
+
+
+def print_instructions(instr, versions):
+    """bench/instructions on each version: instructions per call (without single-user mode's
+    printing of results), and inside the extension's SQL functions; ratios to the first."""
+    base, newer = versions[0], versions[1:]
+    print("Instructions per call (callgrind; without single-user mode's printing of results), and in "
+          "parentheses those inside the extension's SQL functions\n")
+    head = "| workload | " + " | ".join(versions) + " | " + " | ".join(f"{v} / {base}" for v in newer) + " |"
+    print(head)
+    print("|" + "---|" * (head.count(" | ") + 1))
+    for wl in ("claim", "cycle", "replay", "select"):
+        if wl not in instr:
+            continue
+        row = instr[wl]
+        cells = [f"{row[v][1]:,} ({row[v][2]:,})" if v in row else "-" for v in versions]
+        for v in newer:
+            if v in row and base in row:
+                inside = f", {row[v][2] / row[base][2]:.3f}" if row[base][2] else ""
+                cells.append(f"{row[v][1] / row[base][1]:.3f}{inside}")
+            else:
+                cells.append("-")
+        print(f"| {wl} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
