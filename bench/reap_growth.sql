@@ -1,4 +1,4 @@
--- The reaper's cost per key as idem_keys grows (docs/benchmarks.md, "High-rate operation"). For a
+-- The reaper's cost per key as idem_keys grows (docs/benchmarks.md, "Reaping as the table grows"). For a
 -- throwaway database with the extension and an empty idem_keys (bench/run's bench_reap will do):
 --   psql -d DB -f bench/reap_growth.sql
 -- Six rounds; each appends 20,000 expired keys and 200,000 live ones (autovacuum off for the table

@@ -153,6 +153,7 @@ for my $clients (@client_counts) {
 	print "|---|---|---:|---|---:|---|---|---|---:|\n";
 	for my $w (@workloads) {
 		my ($wl, $vars) = @$w;
+		next unless $tps_p{$wl};    # not run (IDEMPOTENCY_BENCH_WORKLOADS)
 		my $ext = median(map { $_->[1] } @{ $tps_p{$wl}{ext} // [] });
 		for my $v (@$vars) {
 			my $runs = $tps_p{$wl}{$v} // [];
@@ -212,6 +213,7 @@ if ($sweep) {
 		print "|---|", join('', map { "---:|" } @client_counts), "---|\n";
 		for my $w (@workloads) {
 			my ($wl, $vars) = @$w;
+			next unless grep { $tps{$pass}{$_}{$wl} } @client_counts;
 			for my $v (grep { $_ ne 'ext' } @$vars) {
 				my $t = $target{"$wl/$v"};
 				print "| $wl / $label{$v} |",
