@@ -103,7 +103,7 @@ class RabbitMQ:
             self.process = subprocess.Popen([RABBITMQ_BIN / "rabbitmq-server"], env=self.env,
                                             stdout=out, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 600  # catches a hang: the boot takes over a minute when busy
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"rabbitmq-server exited ({self.process.returncode}); "
@@ -115,13 +115,15 @@ class RabbitMQ:
                 return
             except pika.exceptions.AMQPConnectionError:
                 time.sleep(0.5)
-        raise RuntimeError("rabbitmq-server did not start within 120 s")
+        raise RuntimeError("rabbitmq-server did not start within 600 s")
 
     def stop_node(self) -> None:
         """Stop the node (the durable queue and its persistent messages stay on disk)."""
         if self.process is None or self.process.poll() is not None:
             return
-        self.ctl("stop", timeout=120)
+        # rabbitmqctl boots an Erlang VM first: about two minutes on a busy machine, so the limit
+        # only catches a hang
+        self.ctl("stop", timeout=600)
         try:
             self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:

@@ -154,6 +154,9 @@ sub free_port
 my $port = free_port();
 my $exporter_log = "$PostgreSQL::Test::Utils::log_path/exporter.log";
 my $exporter_pid;
+# the built-in collectors this exporter release enables (no-builtin-collectors), all turned off
+my @builtin_off = split ' ', `$part/no-builtin-collectors`;
+die 'no-builtin-collectors failed' if $? != 0 || !@builtin_off;
 
 sub start_exporter
 {
@@ -167,7 +170,7 @@ sub start_exporter
 			'host=' . $node->host . ' port=' . $node->port
 			  . " user=idempotency_exporter dbname=$_ sslmode=disable" } qw(app billing));
 		exec($exporter_bin, '--disable-default-metrics', '--disable-settings-metrics',
-			'--no-collector.database', '--no-collector.bgwriter',
+			@builtin_off,
 			"--extend.query-path=$queries", "--web.listen-address=127.0.0.1:$port",
 			'--log.level=info')
 		  or die "exec $exporter_bin: $!";

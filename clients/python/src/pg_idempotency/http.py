@@ -163,11 +163,18 @@ class UnkeyedRequest:
 Prepared = Union[KeyedRequest, UnkeyedRequest, HttpResponse]
 
 
+# The titles of the statuses this module answers with, fixed here: Python 3.13's HTTPStatus
+# renamed 422 ("Unprocessable Content"), and the answer must not change with the interpreter.
+TITLES = {400: "Bad Request", 409: "Conflict", 422: "Unprocessable Entity",
+          500: "Internal Server Error", 503: "Service Unavailable"}
+
+
 def problem(status: int, code: str, detail: str,
             headers: Sequence[tuple[str, str]] = ()) -> HttpResponse:
     """An RFC 9457 problem details answer; ``detail`` never quotes the request."""
-    body = json.dumps({"type": "about:blank", "title": HTTPStatus(status).phrase,
-                       "status": status, "detail": detail, "code": code}).encode()
+    title = TITLES.get(status) or HTTPStatus(status).phrase
+    body = json.dumps({"type": "about:blank", "title": title, "status": status,
+                       "detail": detail, "code": code}).encode()
     return HttpResponse(status, [("Content-Type", PROBLEM_JSON), *headers], body)
 
 

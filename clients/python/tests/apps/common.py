@@ -5,13 +5,27 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 import psycopg
 
 DSN = os.environ["APP_DSN"]
 MARKERS = Path(os.environ["APP_MARKERS"])
+
+
+def pool_lifespan(pool: Any) -> Callable[[Any], Any]:
+    """The ASGI lifespan that opens the pool at startup and closes it at shutdown (FastAPI 0.92,
+    Debian bookworm's, has no lifespan parameter; Starlette 1.0 has no add_event_handler)."""
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        await pool.open()
+        try:
+            yield
+        finally:
+            await pool.close()
+    return lifespan
 
 
 def mark_started(key: str) -> None:

@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from common import DSN, MARKERS
+from common import DSN, MARKERS, pool_lifespan
 
 PREFIX = "/{framework}-v{index}-{mode}"
 
@@ -166,6 +166,5 @@ def create_fastapi() -> Any:
     async def health() -> str:
         return "ok"
 
-    app.add_event_handler("startup", pool.open)
-    app.add_event_handler("shutdown", pool.close)
+    app.router.lifespan_context = pool_lifespan(pool)
     return app

@@ -16,7 +16,7 @@ from pg_idempotency import AsyncIdempotency, KeyContext, Lease
 from pg_idempotency.fastapi import FastAPIIdempotency
 
 from common import (BINARY_BODY, DSN, as_int, charge_body, committed_state, mark_started,
-                    order_body)
+                    order_body, pool_lifespan)
 
 
 def create_app() -> FastAPI:
@@ -142,6 +142,5 @@ def create_app() -> FastAPI:
 
     app = FastAPI()
     app.include_router(router)
-    app.add_event_handler("startup", pool.open)
-    app.add_event_handler("shutdown", pool.close)
+    app.router.lifespan_context = pool_lifespan(pool)
     return app
