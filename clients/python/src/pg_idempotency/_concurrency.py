@@ -1,6 +1,6 @@
-"""The few concurrency primitives the runners use, in the two flavours: the asyncio names (``AEvent``,
-``aspawn``, ``ajoin``, ``await_event``) are what aio.py is written with, and
-tools/async_to_sync.py maps each to its threading twin (``Event``, ``spawn``, ``join``,
+"""The few concurrency primitives the runners use, in the two flavours: aio.py is written with
+the asyncio names (``AEvent``, ``aspawn``, ``ajoin``, ``await_event``), and
+tools/generate_sync.py maps each to its threading twin (``Event``, ``spawn``, ``join``,
 ``wait_event``) when it writes client.py."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The client over a psycopg 3 ``AsyncConnectionPool``.
 
-This module is the one source of both runners: tools/async_to_sync.py writes client.py (the
+This module is the one source of both runners: tools/generate_sync.py writes client.py (the
 sync client, ``Idempotency``) from it, and tests/test_generated.py fails when the two differ.
 """
 
