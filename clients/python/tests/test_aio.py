@@ -162,9 +162,10 @@ async def test_heartbeat_keeps_the_lease(idem: AsyncIdempotency, aconn: AConn,
     async def long_job(lease: Lease) -> Reply:
         claimed = await idem.lookup(aconn, key)
         assert claimed is not None and claimed.locked_until is not None
+        claimed_until = claimed.locked_until
         # the job runs past the lease it claimed; the server's clock says when that is, and
         # that the heartbeat has moved the lease on (every 1 s: it ends 2 to 3 s ahead)
-        await wait_until(lambda: lease_outlived(aconn, key, claimed.locked_until))
+        await wait_until(lambda: lease_outlived(aconn, key, claimed_until))
         assert isinstance(await idem.run_with_lease(key, noop), InProgress)
         return Reply({"attempt": lease.attempt})
 

@@ -417,9 +417,10 @@ def test_heartbeat_keeps_the_lease(idem: Idempotency, conn: Conn, key: str) -> N
     def long_job(lease: Lease) -> Reply:
         claimed = idem.lookup(conn, key)
         assert claimed is not None and claimed.locked_until is not None
+        claimed_until = claimed.locked_until
         # the job runs past the lease it claimed; the server's clock says when that is, and
         # that the heartbeat has moved the lease on (every 1 s: it ends 2 to 3 s ahead)
-        wait_until(lambda: lease_outlived(conn, key, claimed.locked_until))
+        wait_until(lambda: lease_outlived(conn, key, claimed_until))
         seen.append(idem.run_with_lease(key, lambda held: Reply()))
         return Reply({"attempt": lease.attempt})
 

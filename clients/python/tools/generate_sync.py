@@ -149,12 +149,12 @@ class _Edits(ast.NodeVisitor):
         inner = node.value
         if isinstance(inner, ast.Await) and isinstance(inner.value, (ast.Call, ast.Name,
                                                                       ast.Attribute)):
-            line = self.lines[inner.lineno - 1]
-            end_line = self.lines[inner.end_lineno - 1]  # type: ignore[index]
-            assert line[inner.col_offset - 1] == "(" and end_line[inner.end_col_offset] == ")"
+            end, end_col = inner.end_lineno, inner.end_col_offset
+            assert end is not None and end_col is not None
+            assert self.lines[inner.lineno - 1][inner.col_offset - 1] == "("
+            assert self.lines[end - 1][end_col] == ")"
             self.replace(inner.lineno, inner.col_offset - 1, inner.col_offset, "")
-            self.replace(inner.end_lineno, inner.end_col_offset,  # type: ignore[arg-type]
-                         inner.end_col_offset + 1, "")  # type: ignore[operator]
+            self.replace(end, end_col, end_col + 1, "")
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         self._unwrap_await(node)
@@ -183,7 +183,7 @@ class _Edits(ast.NodeVisitor):
     def visit_Constant(self, node: ast.Constant) -> None:
         if not isinstance(node.value, str):
             return
-        assert node.end_lineno is not None
+        assert node.end_lineno is not None and node.end_col_offset is not None
         for number in range(node.lineno, node.end_lineno + 1):
             line = self.lines[number - 1]
             first = node.col_offset if number == node.lineno else 0
