@@ -111,6 +111,10 @@ export function buildApp(store: IdempotencyStore, options: AppOptions = {}) {
 export async function listen(app: express.Express) {
   return new Promise<{ url: string; close: () => Promise<void> }>((resolve) => {
     const server = app.listen(0, '127.0.0.1', () => {
+      // an idle connection outlives any gap between a test's requests (30 s, under the 60 s
+      // headersTimeout): with Node's default of 5 s the server could close it just as a client
+      // busy in its own work (stringifying 4 MB on a loaded machine) reuses it: ECONNRESET
+      server.keepAliveTimeout = 30_000;
       const { port } = server.address() as AddressInfo;
       resolve({
         url: `http://127.0.0.1:${port}`,
