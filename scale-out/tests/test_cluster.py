@@ -271,14 +271,25 @@ def test_a_partition_down_fails_only_its_scopes(four):
                     if was_stopped:
                         results["ok_after_stop"].add(owners[scope])
 
+    def until(condition, what, timeout=120):
+        """Wait for what the clients have seen (a generous limit only ends a hang)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with lock:
+                if condition():
+                    return
+            assert time.monotonic() < deadline and not failures, f"never: {what} ({failures})"
+            time.sleep(0.02)
+
     stop, threads, failures = run_clients(8, client)
-    time.sleep(2)
+    until(lambda: any(owners[s] == 2 for s, _ in acked), "a key of partition 2 acknowledged")
     victim.stop("immediate")
     stopped.set()
-    time.sleep(3)
-    during = list(results["errors"])
+    until(lambda: any(e[1] for e in results["errors"]) and results["ok_after_stop"] >= {0, 1, 3},
+          "a failed call to partition 2 and calls to each other partition after the stop")
+    with lock:
+        during = list(results["errors"])
     victim.start()
-    time.sleep(2)
     assert join(stop, threads) and not failures, failures
 
     errors_after_stop = [e for e in during if e[1]]

@@ -8,13 +8,15 @@ import type { AddressInfo } from 'node:net';
 import { Pool } from 'pg';
 import { IdempotencyStore } from '../src';
 import { idempotent, keepRawBody } from '../src/express';
-import { sleep } from './helpers';
+import { sleep, type Gates } from './helpers';
 
 export interface AppOptions {
   leaseMs?: number;
   heartbeatMs?: number | false;
   /** Mount the routes whose duplicates wait for the owner (the claim option `wait`, 1.2). */
   waitRoutes?: boolean;
+  /** The handler of a request with the header `x-hold: NAME` waits for `gates.open(NAME)`. */
+  gates?: Gates;
 }
 
 class HttpError extends Error {
@@ -23,13 +25,18 @@ class HttpError extends Error {
   }
 }
 
-async function work(req: Request) {
-  // hang and failure are headers, not part of the fingerprint: a retry is the same request
+async function work(req: Request, gates: Gates | undefined) {
+  // hang, hold and failure are headers, not part of the fingerprint: a retry is the same request
   const hangMs = Number(req.headers['x-hang-ms'] ?? 0);
+  const hold = req.headers['x-hold'];
   const fail = req.headers['x-fail'];
   if (hangMs > 0) {
     process.stdout.write(`handling ${String(req.headers['idempotency-key'])}\n`);
     await sleep(hangMs);
+  }
+  if (typeof hold === 'string') {
+    if (gates === undefined) throw new Error('x-hold needs the application built with gates');
+    await gates.wait(hold);
   }
   if (fail === 'retryable') throw new Error('downstream unavailable');
   if (fail === 'terminal') throw new HttpError(400, 'card declined');
@@ -45,7 +52,7 @@ export function buildApp(store: IdempotencyStore, options: AppOptions = {}) {
       ctx.key,
       String((req.body as { item?: unknown }).item ?? ''),
     ]);
-    await work(req);
+    await work(req, options.gates);
     res
       .status(201)
       .set('Location', `/orders/${rows[0].id}`)
@@ -71,7 +78,7 @@ export function buildApp(store: IdempotencyStore, options: AppOptions = {}) {
         [ctx.key, ctx.attempt],
       );
       await store.pool.query('INSERT INTO effects (idem_key, attempt) VALUES ($1, $2)', [ctx.key, ctx.attempt]);
-      await work(req);
+      await work(req, options.gates);
       res.status(201).json({ attempt: ctx.attempt, aborted: ctx.signal.aborted, token: randomUUID() });
     },
   );
@@ -84,7 +91,7 @@ export function buildApp(store: IdempotencyStore, options: AppOptions = {}) {
       async (req, res) => {
         const ctx = req.idempotency!;
         await store.pool.query('INSERT INTO effects (idem_key, attempt) VALUES ($1, $2)', [ctx.key, ctx.attempt]);
-        await work(req);
+        await work(req, options.gates);
         res.status(201).json({ attempt: ctx.attempt, token: randomUUID() });
       },
     );
@@ -104,6 +111,10 @@ export function buildApp(store: IdempotencyStore, options: AppOptions = {}) {
 export async function listen(app: express.Express) {
   return new Promise<{ url: string; close: () => Promise<void> }>((resolve) => {
     const server = app.listen(0, '127.0.0.1', () => {
+      // an idle connection outlives any gap between a test's requests (30 s, under the 60 s
+      // headersTimeout): with Node's default of 5 s the server could close it just as a client
+      // busy in its own work (stringifying 4 MB on a loaded machine) reuses it: ECONNRESET
+      server.keepAliveTimeout = 30_000;
       const { port } = server.address() as AddressInfo;
       resolve({
         url: `http://127.0.0.1:${port}`,

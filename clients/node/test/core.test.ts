@@ -19,7 +19,7 @@ import {
   runWithLease,
   translateError,
 } from '../src';
-import { createTestDatabase, eventually, extensionVersion, isV12, sleep, uniqueKey, type TestDatabase } from './helpers';
+import { createTestDatabase, eventually, extensionVersion, isV12, leaseEnded, leaseOutlived, uniqueKey, type TestDatabase } from './helpers';
 
 let db: TestDatabase;
 before(async () => {
@@ -143,7 +143,7 @@ describe('typed errors', () => {
   test('IK002 stale attempt, IK003 not found, IK004 not pending', async () => {
     const key = uniqueKey('fence');
     await db.store.claim(db.pool, { key, lease: 1 });
-    await sleep(20);
+    await eventually(() => leaseEnded(db.pool, key), 'the end of the 1 ms lease');
     const takeover = await db.store.claim(db.pool, { key, lease: 60_000 });
     assert.equal(takeover.attempt, 2);
     const stale = await db.store.complete(db.pool, { key, attempt: 1, response: {} }).catch((e: unknown) => e);
@@ -413,7 +413,9 @@ describe('runWithLease', () => {
     });
     // the stale worker may fail before the new owner's run returns: its rejection is handled now
     const staleRejected = assert.rejects(stale, StaleAttemptError);
-    await sleep(300);
+    // the stale worker has claimed, and its lease has ended on the server's clock
+    await eventually(async () => (await db.store.lookup(db.pool, { key })) !== null, 'the first claim');
+    await eventually(() => leaseEnded(db.pool, key), 'the end of the first lease');
     const fresh = await runWithLease(db.store, { key, lease: 60_000, heartbeatMs: false }, async ({ attempt }) => ({
       response: { by: attempt },
     }));
@@ -445,18 +447,17 @@ describe('runWithLease', () => {
     }
     let finishJob!: () => void;
     const jobMayFinish = new Promise<void>((resolve) => (finishJob = resolve));
-    const job = runWithLease(db.store, { key, lease: 1500, heartbeatMs: 300 }, async ({ signal }) => {
+    const job = runWithLease(db.store, { key, lease: 3000, heartbeatMs: 300 }, async ({ signal }) => {
       await jobMayFinish;
       return { response: { aborted: signal.aborted } };
     });
-    // three leases long, the key stays in progress: without the heartbeat the second check would take it over
+    // the job outlives the lease it claimed (the server's clock says when) while the heartbeat
+    // moves the lease on: a duplicate then is still in progress; without the heartbeat it would take over
     await eventually(async () => (await db.store.lookup(db.pool, { key })) !== null, 'the claim');
-    const started = Date.now();
-    for (let i = 0; Date.now() - started < 4500; i++) {
-      await sleep(500);
-      const busy = await db.store.claim(db.pool, { key });
-      assert.equal(busy.outcome, 'in_progress', `check ${i}: the lease must still be live`);
-    }
+    const claimedUntil = (await db.store.lookup(db.pool, { key }))!.lockedUntil!;
+    await eventually(() => leaseOutlived(db.pool, key, claimedUntil), 'the lease to outlive its first end');
+    const busy = await db.store.claim(db.pool, { key });
+    assert.equal(busy.outcome, 'in_progress', 'the lease must still be live');
     finishJob();
     const done = await job;
     assert.equal(done.outcome, 'executed');

@@ -5,14 +5,15 @@ import http from 'node:http';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { buildApp, listen } from './app';
-import { createTestDatabase, eventually, isV12, sleep, uniqueKey, type TestDatabase } from './helpers';
+import { createTestDatabase, eventually, Gates, isV12, leaseEnded, leaseOutlived, uniqueKey, type TestDatabase } from './helpers';
 
 let db: TestDatabase;
 let server: { url: string; close: () => Promise<void> };
+const gates = new Gates();
 
 before(async () => {
   db = await createTestDatabase('express');
-  server = await listen(buildApp(db.store, { leaseMs: 1000 }));
+  server = await listen(buildApp(db.store, { leaseMs: 1000, gates }));
 });
 after(async () => {
   await server.close();
@@ -22,12 +23,15 @@ after(async () => {
 interface Extra {
   raw?: string;
   hangMs?: number;
+  /** The handler waits until the test opens this gate. */
+  hold?: string;
   fail?: 'retryable' | 'terminal';
 }
 
 function post(url: string, key: string | undefined, body: unknown, extra: Extra = {}) {
   const headers: Record<string, string> = { 'content-type': 'application/json' };
   if (extra.hangMs !== undefined) headers['x-hang-ms'] = String(extra.hangMs);
+  if (extra.hold !== undefined) headers['x-hold'] = extra.hold;
   if (extra.fail !== undefined) headers['x-fail'] = extra.fail;
   if (key !== undefined) headers['idempotency-key'] = key;
   return fetch(url, { method: 'POST', headers, body: extra.raw ?? JSON.stringify(body) });
@@ -179,12 +183,21 @@ describe('express: same-transaction mode', () => {
 describe('express: lease mode', () => {
   test('a retry during the lease gets 409 + Retry-After; a retryable failure is taken over', async () => {
     const key = uniqueKey('lease-busy');
-    const slow = post(`${server.url}/payments`, key, { amount: 5 }, { hangMs: 600 });
-    await eventually(async () => (await lookupIn('/payments', key)) !== null, 'the claim');
-    const busy = await post(`${server.url}/payments`, key, { amount: 5 });
-    assert.equal(busy.status, 409);
-    assert.ok(Number(busy.headers.get('retry-after')) >= 1);
-    assert.equal((await slow).status, 201);
+    // a minute's lease and a handler held until the duplicate has its answer: the duplicate
+    // comes during both, however slow the machine
+    const long = await listen(buildApp(db.store, { leaseMs: 60_000, gates }));
+    try {
+      const slow = post(`${long.url}/payments`, key, { amount: 5 }, { hold: key });
+      await eventually(async () => (await lookupIn('/payments', key)) !== null, 'the claim');
+      const busy = await post(`${long.url}/payments`, key, { amount: 5 });
+      assert.equal(busy.status, 409);
+      const retryAfter = Number(busy.headers.get('retry-after'));
+      assert.ok(retryAfter >= 1 && retryAfter <= 60, `Retry-After ${retryAfter}: the lease's remainder`);
+      gates.open(key);
+      assert.equal((await slow).status, 201);
+    } finally {
+      await long.close();
+    }
 
     const failing = uniqueKey('lease-fail');
     assert.equal((await post(`${server.url}/payments`, failing, { amount: 5 }, { fail: 'retryable' })).status, 500);
@@ -196,12 +209,14 @@ describe('express: lease mode', () => {
 
   test('a stale worker\'s completion is rejected: it answers 409, never success', async () => {
     const key = uniqueKey('lease-stale');
-    const stale = post(`${server.url}/payments`, key, { amount: 7 }, { hangMs: 2500 });
+    const stale = post(`${server.url}/payments`, key, { amount: 7 }, { hold: key });
     await eventually(async () => (await lookupIn('/payments', key)) !== null, 'the first claim');
-    await sleep(1200); // the 1 s lease ends while the first worker still runs
+    // the 1 s lease ends (on the server's clock) while the first worker is held
+    await eventually(() => leaseEnded(db.pool, key, 'POST /payments'), 'the end of the first lease');
     const fresh = await post(`${server.url}/payments`, key, { amount: 7 });
     assert.equal(fresh.status, 201);
     const freshBody = await fresh.text();
+    gates.open(key); // the stale worker finishes only now
     const staleResponse = await stale;
     assert.equal(staleResponse.status, 409);
     const replay = await post(`${server.url}/payments`, key, { amount: 7 });
@@ -210,7 +225,7 @@ describe('express: lease mode', () => {
   });
 
   test('heartbeat keeps a long job alive (1.2), or names version 1.2 (1.1)', async () => {
-    const app = buildApp(db.store, { leaseMs: 1000, heartbeatMs: 200 });
+    const app = buildApp(db.store, { leaseMs: 3000, heartbeatMs: 200, gates });
     const local = await listen(app);
     try {
       const key = uniqueKey('lease-heartbeat');
@@ -220,13 +235,14 @@ describe('express: lease mode', () => {
         assert.equal(await lookupIn('/payments', key), null);
         return;
       }
-      // the handler runs 8 s; the checks span 3 leases and end well before it
-      const job = post(`${local.url}/payments`, key, { amount: 1 }, { hangMs: 8000 });
+      // the handler is held past the 3 s lease it claimed (the server's clock says when),
+      // while the heartbeat moves the lease on: a duplicate then is still 409
+      const job = post(`${local.url}/payments`, key, { amount: 1 }, { hold: key });
       await eventually(async () => (await lookupIn('/payments', key)) !== null, 'the claim');
-      for (let i = 0; i < 5; i++) {
-        await sleep(600);
-        assert.equal((await post(`${local.url}/payments`, key, { amount: 1 })).status, 409);
-      }
+      const claimedUntil = (await lookupIn('/payments', key))!.lockedUntil!;
+      await eventually(() => leaseOutlived(db.pool, key, claimedUntil, 'POST /payments'), 'the lease to outlive its first end');
+      assert.equal((await post(`${local.url}/payments`, key, { amount: 1 })).status, 409);
+      gates.open(key);
       assert.equal((await job).status, 201);
       assert.equal(await countRows('effects', key), 1);
     } finally {
@@ -238,7 +254,7 @@ describe('express: lease mode', () => {
 describe('express: a duplicate that waits (1.2 wait)', { skip: !isV12 && 'wait needs extension 1.2' }, () => {
   let local: { url: string; close: () => Promise<void> };
   before(async () => {
-    local = await listen(buildApp(db.store, { waitRoutes: true }));
+    local = await listen(buildApp(db.store, { waitRoutes: true, gates }));
   });
   after(async () => {
     await local.close();
@@ -252,22 +268,31 @@ describe('express: a duplicate that waits (1.2 wait)', { skip: !isV12 && 'wait n
     return rows[0].n > 0;
   }
 
+  /** A claim is running in the server (not ours): the duplicate waiting for the first's result. */
+  async function claimWaits(): Promise<boolean> {
+    const { rows } = await db.pool.query(
+      `SELECT count(*)::int AS n FROM pg_stat_activity
+        WHERE datname = current_database() AND state = 'active' AND query LIKE '%idem_claim(%' AND pid <> pg_backend_pid()`);
+    return rows[0].n > 0;
+  }
+
   for (const [mode, route, table] of [['lease', '/payments-wait', 'effects'], ['same-transaction', '/orders-wait', 'orders']] as const) {
     test(`${mode} mode: the second request gets the first's response once it finishes, not 409`, async () => {
       const key = uniqueKey(`wait-${mode}`);
       const body = { item: 'kettle', amount: 9 };
-      const first = post(`${local.url}${route}`, key, body, { hangMs: 1500 });
-      // the second starts while the first's handler runs: it must wait, not answer 409
+      const first = post(`${local.url}${route}`, key, body, { hold: key });
+      // the second starts while the first's handler is held: it must wait, not answer 409
       await eventually(async () => (mode === 'lease' ? (await lookupIn(route, key)) !== null : await handlerInTransaction()), 'the first claim');
-      const started = Date.now();
-      const second = await post(`${local.url}${route}`, key, body);
+      const waiting = post(`${local.url}${route}`, key, body);
+      await eventually(claimWaits, 'the second claim to wait in the server');
+      gates.open(key);
+      const second = await waiting;
       const firstResponse = await first;
       assert.equal(firstResponse.status, 201);
       assert.equal(second.status, 201, `the waiting duplicate answered ${second.status}`);
       assert.equal(second.headers.get('idempotent-replayed'), 'true');
       assert.equal(firstResponse.headers.get('idempotent-replayed'), null);
       assert.equal(await second.text(), await firstResponse.text(), 'the replay is the first response, byte for byte');
-      assert.ok(Date.now() - started < 15_000, 'answered before the wait ran out');
       assert.equal(await countRows(table, key), 1, 'the handler ran once');
     });
   }
@@ -302,7 +327,7 @@ describe('express: upgrade', () => {
 describe('express: kill -9 of the application during the handler', () => {
   async function startApp(): Promise<{ child: ChildProcess; url: string; lines: string[] }> {
     const child = spawn(process.execPath, [path.join(__dirname, 'app.js')], {
-      env: { ...process.env, PGDATABASE: db.name, LEASE_MS: '1000' },
+      env: { ...process.env, PGDATABASE: db.name, LEASE_MS: '60000' },
       stdio: ['ignore', 'pipe', 'inherit'],
     });
     const lines: string[] = [];
@@ -353,16 +378,14 @@ describe('express: kill -9 of the application during the handler', () => {
     try {
       const row = await lookupIn('/payments', key);
       assert.equal(row?.state, 'pending');
-      if (row!.lockedUntil!.getTime() > Date.now() + 200) {
-        assert.equal((await post(`${app.url}/payments`, key, { amount: 3 })).status, 409);
-      }
-      let retry: Response | undefined;
-      await eventually(async () => {
-        retry = await post(`${app.url}/payments`, key, { amount: 3 });
-        return retry.status !== 409;
-      }, 'the takeover after the lease');
-      assert.equal(retry!.status, 201);
-      assert.equal(((await retry!.json()) as { attempt: number }).attempt, 2);
+      // the dead worker's minute-long lease still runs
+      assert.equal((await post(`${app.url}/payments`, key, { amount: 3 })).status, 409);
+      // then it runs out (moved to now on the server: a minute is not waited out)
+      await db.pool.query("UPDATE idem_keys SET locked_until = clock_timestamp() WHERE scope = 'POST /payments' AND key = $1", [key]);
+      await eventually(() => leaseEnded(db.pool, key, 'POST /payments'), 'the end of the lease');
+      const retry = await post(`${app.url}/payments`, key, { amount: 3 });
+      assert.equal(retry.status, 201);
+      assert.equal(((await retry.json()) as { attempt: number }).attempt, 2);
       assert.equal(await countRows('provider_charges', key), 1, 'the provider charged once');
       const stale = await db.store.complete(db.pool, { key, scope: 'POST /payments', attempt: 1, response: { late: true } }).catch((e: unknown) => e);
       assert.equal((stale as { sqlstate?: string }).sqlstate, 'IK002', 'the dead attempt is fenced off');

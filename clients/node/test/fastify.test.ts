@@ -3,11 +3,13 @@ import { randomUUID } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import Fastify, { type FastifyInstance } from 'fastify';
 import { fastifyIdempotency } from '../src/fastify';
-import { createTestDatabase, eventually, sleep, uniqueKey, type TestDatabase } from './helpers';
+import { createTestDatabase, eventually, Gates, uniqueKey, type TestDatabase } from './helpers';
 
 let db: TestDatabase;
 let app: FastifyInstance;
 let url: string;
+/** A request with `x-hold: NAME` is held in its handler until the test opens that gate. */
+const gates = new Gates();
 
 before(async () => {
   db = await createTestDatabase('fastify');
@@ -17,8 +19,8 @@ before(async () => {
     const ctx = request.idempotency!;
     const { rows } = await ctx.client!.query('INSERT INTO orders (idem_key) VALUES ($1) RETURNING id', [ctx.key]);
     if (request.headers['x-fail'] === 'retryable') throw new Error('downstream unavailable');
-    const hang = Number(request.headers['x-hang-ms'] ?? 0);
-    if (hang) await sleep(hang);
+    const hold = request.headers['x-hold'];
+    if (typeof hold === 'string') await gates.wait(hold);
     reply.code(201).header('location', `/orders/${rows[0].id}`).type('application/json');
     return `{"b": 2, "a": ${rows[0].id},  "token": "${randomUUID()}"}`;
   });
@@ -114,13 +116,14 @@ describe('fastify plugin', () => {
     const controller = new AbortController();
     const pending = fetch(`${url}/orders`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json', 'idempotency-key': key, 'x-hang-ms': '500' },
+      headers: { 'content-type': 'application/json', 'idempotency-key': key, 'x-hold': key },
       body: '{"item":"q"}',
       signal: controller.signal,
     });
-    await sleep(100);
+    await eventually(async () => gates.arrived(key), 'the handler to run');
     controller.abort();
     await assert.rejects(pending);
+    gates.open(key); // the handler finishes after its client has gone
     await eventually(async () => (await db.store.lookup(db.pool, { key, scope: 'POST /orders' }))?.state === 'succeeded', 'the stored result');
     const retry = await post('/orders', key, '{"item":"q"}');
     assert.equal(retry.status, 201);

@@ -38,6 +38,62 @@ export function uniqueKey(prefix: string): string {
   return `${prefix}-${process.pid}-${Date.now()}-${Math.random().toString(36).slice(2)}`;
 }
 
+/**
+ * Handlers held until the test opens their gate (an explicit barrier, where a sleep would only
+ * guess how long the test needs): `wait(name)` resolves once `open(name)` is called, before or after.
+ */
+export class Gates {
+  private readonly gates = new Map<string, { opened: Promise<void>; open: () => void; arrived: boolean }>();
+
+  wait(name: string): Promise<void> {
+    const gate = this.gate(name);
+    gate.arrived = true;
+    return gate.opened;
+  }
+
+  /** Whether a handler has reached the gate (and waits there unless it is open). */
+  arrived(name: string): boolean {
+    return this.gate(name).arrived;
+  }
+
+  open(name: string): void {
+    this.gate(name).open();
+  }
+
+  private gate(name: string) {
+    let gate = this.gates.get(name);
+    if (gate === undefined) {
+      let open!: () => void;
+      const opened = new Promise<void>((resolve) => (open = resolve));
+      gate = { opened, open, arrived: false };
+      this.gates.set(name, gate);
+    }
+    return gate;
+  }
+}
+
+/** On the server's clock: the key's lease has ended (it can be taken over now). */
+export async function leaseEnded(pool: Pool, key: string, scope = ''): Promise<boolean> {
+  const { rows } = await pool.query(
+    'SELECT locked_until < clock_timestamp() AS ended FROM idem_keys WHERE scope = $1 AND key = $2',
+    [scope, key],
+  );
+  return rows.length === 1 && rows[0].ended === true;
+}
+
+/**
+ * On the server's clock: the lease as first claimed (`claimedUntil`) has ended, and the key's
+ * lease still has more than a second to run: the heartbeat has extended it.
+ */
+export async function leaseOutlived(pool: Pool, key: string, claimedUntil: Date, scope = ''): Promise<boolean> {
+  const { rows } = await pool.query(
+    `SELECT clock_timestamp() > $3 AND locked_until > clock_timestamp() + interval '1 s' AS outlived
+       FROM idem_keys WHERE scope = $1 AND key = $2`,
+    [scope, key, claimedUntil],
+  );
+  return rows.length === 1 && rows[0].outlived === true;
+}
+
 /** Poll `check` until it returns true (bounded: the machine may be slow, so a generous limit). */
 export async function eventually(check: () => Promise<boolean>, what: string, limitMs = 30_000): Promise<void> {
   const end = Date.now() + limitMs;

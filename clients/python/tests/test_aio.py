@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
-from typing import Any, AsyncIterator
+import time
+from datetime import datetime, timedelta
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import psycopg
 import pytest
@@ -27,6 +28,30 @@ async def idem(dsn: str) -> AsyncIterator[AsyncIdempotency]:
 async def aconn(dsn: str) -> AsyncIterator[AConn]:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
         yield c
+
+
+async def wait_until(condition: Callable[[], Awaitable[bool]]) -> None:
+    """Poll until the condition holds; the limit only ends a hang (a slow machine is fine)."""
+    deadline = time.monotonic() + 60
+    while not await condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.02)
+
+
+async def lease_ended(aconn: AConn, key: str) -> bool:
+    cur = await aconn.execute("SELECT locked_until < clock_timestamp() FROM idem_keys"
+                              " WHERE scope = '' AND key = %s", (key,))
+    return await cur.fetchone() == (True,)
+
+
+async def lease_outlived(aconn: AConn, key: str, claimed_until: datetime) -> bool:
+    """On the server's clock: the lease as claimed has ended, and the key's lease still has
+    more than a second to run (the heartbeat extended it)."""
+    cur = await aconn.execute("SELECT clock_timestamp() > %s"
+                              " AND locked_until > clock_timestamp() + interval '1 s'"
+                              " FROM idem_keys WHERE scope = '' AND key = %s",
+                              (claimed_until, key))
+    return await cur.fetchone() == (True,)
 
 
 @pytest.mark.asyncio
@@ -93,11 +118,15 @@ async def test_lease_duplicates_and_stale_completion(idem: AsyncIdempotency, aco
         return Reply({"from": "stale"})
 
     first = asyncio.create_task(idem.run_with_lease(key, stale, heartbeat=False,
-                                                    lease=timedelta(milliseconds=400)))
+                                                    lease=timedelta(seconds=60)))
     await started.wait()
     busy = await idem.run_with_lease(key, stale)
-    assert isinstance(busy, InProgress) and busy.retry_after_s == 1
-    await asyncio.sleep(0.6)
+    assert isinstance(busy, InProgress) and 0 < busy.retry_after_s <= 60
+    # the first worker's lease runs out: its end is moved to now (a minute is not waited out),
+    # and the server's clock passes it
+    await aconn.execute("UPDATE idem_keys SET locked_until = clock_timestamp()"
+                        " WHERE scope = '' AND key = %s", (key,))
+    await wait_until(lambda: lease_ended(aconn, key))
 
     async def fresh(lease: Lease) -> Reply:
         return Reply({"from": "fresh"})
@@ -125,17 +154,22 @@ async def test_lease_refuses_open_transaction(idem: AsyncIdempotency, dsn: str,
 
 @pytest.mark.asyncio
 @pytest.mark.versions("1.2")
-async def test_heartbeat_keeps_the_lease(idem: AsyncIdempotency, key: str) -> None:
+async def test_heartbeat_keeps_the_lease(idem: AsyncIdempotency, aconn: AConn,
+                                         key: str) -> None:
     async def noop(lease: Lease) -> Reply:
         return Reply()
 
     async def long_job(lease: Lease) -> Reply:
-        for _ in range(5):  # 2.5 s of work under a 1 s lease
-            await asyncio.sleep(0.5)
-            assert isinstance(await idem.run_with_lease(key, noop), InProgress)
+        claimed = await idem.lookup(aconn, key)
+        assert claimed is not None and claimed.locked_until is not None
+        claimed_until = claimed.locked_until
+        # the job runs past the lease it claimed; the server's clock says when that is, and
+        # that the heartbeat has moved the lease on (every 1 s: it ends 2 to 3 s ahead)
+        await wait_until(lambda: lease_outlived(aconn, key, claimed_until))
+        assert isinstance(await idem.run_with_lease(key, noop), InProgress)
         return Reply({"attempt": lease.attempt})
 
-    result = await idem.run_with_lease(key, long_job, lease=timedelta(seconds=1),
+    result = await idem.run_with_lease(key, long_job, lease=timedelta(seconds=3),
                                        heartbeat=True)
     assert isinstance(result, Executed) and result.row is not None
     assert result.row.attempt == 1

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, Callable
 
 import psycopg
 import pytest
@@ -21,6 +21,29 @@ Conn = psycopg.Connection[Any]
 @pytest.fixture
 def idem(pool: ConnectionPool) -> Idempotency:
     return Idempotency(pool)
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    """Poll until the condition holds; the limit only ends a hang (a slow machine is fine)."""
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.02)
+
+
+def waits_for_a_lock(conn: Conn, pid: int) -> bool:
+    return conn.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                        (pid,)).fetchone() == (True,)
+
+
+def lease_outlived(conn: Conn, key: str, claimed_until: datetime) -> bool:
+    """On the server's clock: the lease as claimed has ended, and the key's lease still has
+    more than a second to run (the heartbeat extended it)."""
+    row = conn.execute("SELECT clock_timestamp() > %s"
+                       " AND locked_until > clock_timestamp() + interval '1 s'"
+                       " FROM idem_keys WHERE scope = '' AND key = %s",
+                       (claimed_until, key)).fetchone()
+    return row == (True,)
 
 
 def test_claim_complete_replay_typed(idem: Idempotency, conn: Conn, key: str) -> None:
@@ -127,7 +150,7 @@ def test_serialization_failure_is_typed(idem: Idempotency, dsn: str, key: str) -
         assert info.value.retry_transaction
 
 
-def test_deadlock_is_typed(idem: Idempotency, dsn: str, key: str) -> None:
+def test_deadlock_is_typed(idem: Idempotency, conn: Conn, dsn: str, key: str) -> None:
     a_done: list[BaseException] = []
     with psycopg.connect(dsn) as a, psycopg.connect(dsn) as b:
         idem.claim(a, key + "-1")
@@ -141,7 +164,7 @@ def test_deadlock_is_typed(idem: Idempotency, dsn: str, key: str) -> None:
 
         t = threading.Thread(target=a_takes_second)
         t.start()
-        time.sleep(0.2)
+        wait_until(lambda: waits_for_a_lock(conn, a.info.backend_pid))
         b_error: list[BaseException] = []
         try:
             idem.claim(b, key + "-1")
@@ -172,12 +195,14 @@ def test_same_transaction_commits_business_row_and_key(idem: Idempotency, pool: 
 def test_pool_of_one_connection(dsn: str, key: str) -> None:
     # the client's first call reads the extension's version on the connection it already holds:
     # a pool with no second connection to lend must not wait out its timeout
-    with ConnectionPool(dsn, min_size=1, max_size=1, timeout=5, open=True) as one:
+    with ConnectionPool(dsn, min_size=1, max_size=1, timeout=60, open=True) as one:
+        one.wait()  # its one connection is ready: no request waits for the pool to fill
+        one.pop_stats()
         idem = Idempotency(one)
-        started = time.monotonic()
         result = idem.run_in_transaction(key, lambda c: Reply({"ok": True}, 201))
         assert isinstance(result, Executed)
-        assert time.monotonic() - started < 5
+        # psycopg_pool counts the requests that found no connection free and had to wait
+        assert one.get_stats().get("requests_queued", 0) == 0
         with one.connection() as c:
             assert c.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
             assert c.autocommit is False
@@ -390,29 +415,36 @@ def test_heartbeat_keeps_the_lease(idem: Idempotency, conn: Conn, key: str) -> N
     seen: list[Any] = []
 
     def long_job(lease: Lease) -> Reply:
-        for _ in range(5):  # 2.5 s of work under a 1 s lease
-            time.sleep(0.5)
-            seen.append(idem.run_with_lease(key, lambda held: Reply()))
+        claimed = idem.lookup(conn, key)
+        assert claimed is not None and claimed.locked_until is not None
+        claimed_until = claimed.locked_until
+        # the job runs past the lease it claimed; the server's clock says when that is, and
+        # that the heartbeat has moved the lease on (every 1 s: it ends 2 to 3 s ahead)
+        wait_until(lambda: lease_outlived(conn, key, claimed_until))
+        seen.append(idem.run_with_lease(key, lambda held: Reply()))
         return Reply({"attempt": lease.attempt})
 
-    result = idem.run_with_lease(key, long_job, lease=timedelta(seconds=1), heartbeat=True)
+    result = idem.run_with_lease(key, long_job, lease=timedelta(seconds=3), heartbeat=True)
     assert isinstance(result, Executed) and result.row is not None
     assert result.row.attempt == 1
-    assert all(isinstance(r, InProgress) for r in seen)
+    assert [type(r) for r in seen] == [InProgress]
 
 
 @pytest.mark.versions("1.2")
 def test_heartbeat_reports_a_lost_lease(idem: Idempotency, conn: Conn, key: str) -> None:
+    lost: list[Any] = []
+
     def long_job(lease: Lease) -> Reply:
         with idem.pool.connection() as other:  # an operator forgets the key meanwhile
             idem.forget(other, key, force=True)
-        deadline = time.monotonic() + 10
-        while lease.lost is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: lease.lost is not None)
+        lost.append(lease.lost)
         return Reply({"lost": repr(lease.lost)})
 
     with pytest.raises(errors.KeyNotFoundError):
         idem.run_with_lease(key, long_job, lease=timedelta(milliseconds=600), heartbeat=True)
+    # the heartbeat told the handler, before the runner tried to store its reply
+    assert [type(e) for e in lost] == [errors.KeyNotFoundError]
 
 
 @pytest.mark.parametrize("sqlstate, error, retry_after", [

@@ -1,8 +1,12 @@
-"""The asyncio client over a psycopg 3 ``AsyncConnectionPool``; the same API as ``client``."""
+"""The client over a psycopg 3 ``AsyncConnectionPool``.
+
+This module is the one source of both runners: tools/generate_sync.py writes client.py (the
+sync client, ``Idempotency``) from it, and tests/test_generated.py fails when the two differ.
+"""
 
 from __future__ import annotations
 
-import asyncio
+import logging
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Optional
@@ -14,17 +18,27 @@ from psycopg_pool import AsyncConnectionPool
 from . import _protocol as proto
 from . import _wire
 from . import errors
-from .client import (_COMMIT, _PIPELINE, _ROLLBACK_TO_SAVEPOINT, _SAVEPOINT, ExceptionPolicy,
-                     _check_no_transaction, _not_claimed, _result_statement, logger)
+from ._concurrency import AEvent, ajoin, aspawn, await_event
 from .lease import Lease
-from .results import ClaimResult, Executed, KeyRow, Outcome, Reply, RunResult
+from .results import (ClaimResult, Executed, InProgress, KeyRow, Outcome, Replayed, Reply,
+                      RunResult)
 
 AsyncConnection = psycopg.AsyncConnection[Any]
+ExceptionPolicy = Callable[[Exception], Optional[Reply]]
+
+logger = logging.getLogger(__name__)
+#: libpq 14 or later: several statements before one Sync
+_PIPELINE = psycopg.Pipeline.is_supported()
+_COMMIT = _wire.Statement(_wire.COMMIT)
+_SAVEPOINT = _wire.Statement(_wire.SAVEPOINT)
+_ROLLBACK_TO_SAVEPOINT = _wire.Statement(_wire.ROLLBACK_TO_SAVEPOINT)
 
 
 @asynccontextmanager
 async def _autocommit(conn: AsyncConnection) -> AsyncIterator[None]:
-    """See ``client._autocommit``."""
+    """Autocommit on an idle connection (reading the extension's version): one round trip, no
+    transaction left open. Afterwards the connection is as it was, or closed (so the pool
+    discards it) if it was left broken."""
     if conn.autocommit:
         yield
         return
@@ -38,10 +52,33 @@ async def _autocommit(conn: AsyncConnection) -> AsyncIterator[None]:
             await conn.close()
 
 
+def _result_statement(conn: AsyncConnection, ext: proto.Extension, key: str, reply: Reply, *,
+                      scope: str, attempt: int, read_row: bool) -> _wire.Statement:
+    """The statement storing the handler's result in the transaction that holds the key, which
+    the handler must have left open."""
+    if conn.info.transaction_status == TransactionStatus.IDLE:
+        raise errors.UsageError(
+            "the handler ended the transaction that holds the key (commit or rollback);"
+            " the runner commits it, with the handler's result")
+    return _wire.bind(conn, proto.finish(ext, key, reply, scope=scope, attempt=attempt,
+                                         read_row=read_row))
+
+
+def _check_no_transaction(conn: AsyncConnection) -> None:
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        raise errors.OpenTransactionError(
+            "lease mode must not run inside an open transaction: the claim would hold the key's "
+            "row lock until that transaction ends, and duplicates would wait instead of getting "
+            "in_progress; commit or roll back first, or use run_in_transaction"
+        )
+
+
 class AsyncIdempotency:
     """Idempotency keys over a psycopg 3 ``AsyncConnectionPool`` that the application owns.
 
-    Every method mirrors ``Idempotency``'s, as a coroutine; handlers are coroutine functions.
+    The low-level methods (claim, complete, fail, lookup, extend, release, forget) run on a
+    connection you pass, in whatever transaction it has. The runners take connections from the
+    pool: ``run_in_transaction`` (same-transaction mode) and ``run_with_lease`` (lease mode).
     """
 
     def __init__(self, pool: AsyncConnectionPool, *, lease: Optional[timedelta] = None,
@@ -50,15 +87,20 @@ class AsyncIdempotency:
         self.pool = pool
         self.lease = lease
         self.ttl = ttl
+        #: how many times a transaction that failed with 40001 or 40P01 is run again
         self.transaction_retries = transaction_retries
+        #: same-transaction mode sends BEGIN and the claim in one exchange; False sends them
+        #: apart: one round trip more (see the README)
         self.begin_with_claim = begin_with_claim
         self._extension: Optional[proto.Extension] = None
 
     # ---- the extension's functions -------------------------------------------------------
 
     async def extension(self, conn: Optional[AsyncConnection] = None) -> proto.Extension:
+        """The installed version and schema, read once per client."""
         if self._extension is None:
-            # as the sync client: the caller's connection when there is one
+            # on the caller's connection when there is one (a pool of one connection has no
+            # other to lend), in autocommit if idle so that no transaction is left open on it
             if conn is None:
                 async with self.pool.connection() as own, _autocommit(own):
                     row = await (await own.execute(proto.EXTENSION_QUERY)).fetchone()
@@ -111,21 +153,25 @@ class AsyncIdempotency:
 
     async def lookup(self, conn: AsyncConnection, key: str, *,
                      scope: str = "") -> Optional[KeyRow]:
+        """The committed key, or None (a missing key, and from 1.2 an expired one)."""
         call = proto.lookup(await self.extension(conn), key, scope=scope)
         return proto.parse_key_row(await self._run(conn, call))
 
     async def extend(self, conn: AsyncConnection, key: str, attempt: int, lease: timedelta, *,
                      scope: str = "") -> KeyRow:
+        """Heartbeat (1.2): the lease of this attempt ends ``lease`` from now."""
         call = proto.extend(await self.extension(conn), key, attempt, lease, scope=scope)
         return await self._key_row(conn, call)
 
     async def release(self, conn: AsyncConnection, key: str, attempt: int, *,
                       scope: str = "") -> KeyRow:
+        """Give the key up without a result (1.2): the next claim takes it over at once."""
         call = proto.release(await self.extension(conn), key, attempt, scope=scope)
         return await self._key_row(conn, call)
 
     async def forget(self, conn: AsyncConnection, key: str, *, scope: str = "",
                      force: bool = False) -> bool:
+        """Delete the key whatever its state (1.2); a live lease needs ``force``."""
         call = proto.forget(await self.extension(conn), key, scope=scope, force=force)
         row = await self._run(conn, call)
         assert row is not None
@@ -136,15 +182,6 @@ class AsyncIdempotency:
         assert row is not None
         return row
 
-    async def _finish(self, conn: AsyncConnection, key: str, reply: Reply, *, scope: str,
-                      attempt: Optional[int], read_row: bool) -> Optional[KeyRow]:
-        call = proto.finish(await self.extension(conn), key, reply, scope=scope,
-                            attempt=attempt, read_row=read_row)
-        if not read_row:
-            await self._run(conn, call)
-            return None
-        return await self._key_row(conn, call)
-
     # ---- same-transaction mode -----------------------------------------------------------
 
     async def run_in_transaction(
@@ -154,7 +191,20 @@ class AsyncIdempotency:
             on_exception: Optional[ExceptionPolicy] = None, keep_writes_on_error: bool = False,
             on_claim: Optional[Callable[[ClaimResult], None]] = None,
             read_row: bool = True) -> RunResult:
-        """See ``Idempotency.run_in_transaction``."""
+        """Claim, run ``handler(conn)`` and store its reply in one transaction.
+
+        The handler runs after a savepoint taken with the claim. A success commits its writes
+        with the key. A terminal failure rolls its writes back to the savepoint and commits the
+        failure alone (an error answer never leaves half the work committed), unless
+        ``keep_writes_on_error``. A handler that raises, or replies with a retryable failure,
+        rolls everything back (the key vanishes: the retry runs afresh). ``on_exception`` may
+        turn an exception into a Reply, which is then stored (or, if it is retryable, rolled
+        back) without the handler's writes. ``on_claim`` is called with the claim before the
+        handler runs (the attempt, for the handler's context).
+        A transaction that fails with 40001 or 40P01 is run again, at most
+        ``transaction_retries`` times. ``read_row=False``: the stored row is not read back
+        (``Executed.row`` is None), for callers that do not use it.
+        """
         for retry in range(self.transaction_retries + 1):
             try:
                 async with self.pool.connection() as conn:
@@ -176,15 +226,16 @@ class AsyncIdempotency:
             ttl: Optional[timedelta], fingerprint: Optional[bytes], wait: Optional[timedelta],
             on_exception: Optional[ExceptionPolicy], keep_writes_on_error: bool,
             on_claim: Optional[Callable[[ClaimResult], None]], read_row: bool) -> RunResult:
-        """See ``Idempotency._in_transaction``."""
+        """One transaction on a pool connection (idle): BEGIN, the claim and the savepoint in
+        one exchange, the handler, then the result with COMMIT in one exchange (see ``_wire``)."""
         ext = await self.extension(conn)
         claim = _wire.bind(conn, proto.claim(ext, key, request=request, scope=scope,
                                              ttl=ttl or self.ttl, lease=self.lease,
                                              fingerprint=fingerprint, wait=wait))
         try:
             if self.begin_with_claim and _PIPELINE:
-                answer = (await _wire.run_async(conn, [_wire.begin(conn), claim,
-                                                       _SAVEPOINT]))[1]
+                answers = await _wire.run_async(conn, [_wire.begin(conn), claim, _SAVEPOINT])
+                answer = answers[1]
             elif _PIPELINE:
                 await _wire.run_async(conn, [_wire.begin(conn)])
                 answer = (await _wire.run_async(conn, [claim, _SAVEPOINT]))[0]
@@ -196,7 +247,10 @@ class AsyncIdempotency:
             assert claimed_row is not None
             claimed = proto.parse_claim(claimed_row)
             if claimed.outcome is not Outcome.CLAIMED:
-                await conn.commit()  # COMMIT, not ROLLBACK: see Idempotency
+                # a replay or a key in progress wrote nothing: COMMIT ends it as cheaply as
+                # ROLLBACK, and psycopg 3.1 follows every ROLLBACK with DEALLOCATE ALL (another
+                # round trip, and no statement stays prepared)
+                await conn.commit()
                 return _not_claimed(claimed)
             if on_claim is not None:
                 on_claim(claimed)
@@ -209,8 +263,8 @@ class AsyncIdempotency:
                                        attempt=claimed.attempt, read_row=read_row)
             statements = [_ROLLBACK_TO_SAVEPOINT, finish] if discard else [finish]
             if _PIPELINE:
-                answer = (await _wire.run_async(conn, [*statements, _COMMIT]))[
-                    len(statements) - 1]
+                answers = await _wire.run_async(conn, [*statements, _COMMIT])
+                answer = answers[len(statements) - 1]
             else:
                 for statement in statements:
                     answer = (await _wire.run_async(conn, [statement]))[0]
@@ -224,7 +278,8 @@ class AsyncIdempotency:
     async def _reply(self, conn: AsyncConnection,
                      handler: Callable[[AsyncConnection], Awaitable[Reply]],
                      on_exception: Optional[ExceptionPolicy]) -> tuple[Reply, bool]:
-        """See ``Idempotency._reply``."""
+        """The handler's reply, and whether its writes are to be discarded (a reply of the
+        exception policy is stored without them)."""
         try:
             with _wire.transaction_held(conn):
                 return await handler(conn), False
@@ -245,7 +300,21 @@ class AsyncIdempotency:
             wait: Optional[timedelta] = None, heartbeat: Optional[bool] = None,
             on_exception: Optional[ExceptionPolicy] = None,
             conn: Optional[AsyncConnection] = None, read_row: bool = True) -> RunResult:
-        """See ``Idempotency.run_with_lease``; the heartbeat is a task."""
+        """Claim in autocommit, run ``handler(lease)`` with no transaction open, then store its
+        reply fenced by the attempt.
+
+        ``conn``: run the claim and the finish on this connection (it must have no open
+        transaction) instead of pool connections. ``heartbeat`` extends the lease every third
+        of its length while the handler runs (on a thread, or a task in asyncio, with pool
+        connections): None (the default) whenever the extension can (1.2 and later), True
+        requires it, False turns it off. A heartbeat that finds the key taken over sets
+        ``lease.lost``; the reply is then not stored and that error (StaleAttemptError, or
+        KeyNotFoundError when the key was forgotten) raises. A handler that raises stores a
+        retryable failure (or what ``on_exception`` returns) and the exception propagates. A
+        reply whose attempt was taken over meanwhile raises StaleAttemptError: never report it
+        as success. ``read_row=False``: the stored row is not read back (``Executed.row`` is
+        None).
+        """
         lease = lease or self.lease
         ext = await self.extension(conn)
         if heartbeat:
@@ -262,15 +331,13 @@ class AsyncIdempotency:
             return _not_claimed(claimed)
         assert claimed.attempt is not None
         held = Lease(key, scope, claimed.attempt, claimed.inserted)
-        beat = (asyncio.create_task(self._heartbeat(held, lease or ext.default_lease))
-                if beats else None)
+        beat = _AsyncHeartbeat(self, held, lease or ext.default_lease) if beats else None
         try:
             try:
                 reply = await handler(held)
             finally:
                 if beat is not None:
-                    beat.cancel()
-                    await asyncio.gather(beat, return_exceptions=True)
+                    await beat.stop()
         except Exception as exc:
             policy_reply = on_exception(exc) if on_exception is not None else None
             if policy_reply is None:
@@ -293,14 +360,14 @@ class AsyncIdempotency:
     async def _leased(self, conn: Optional[AsyncConnection],
                       call: Callable[[proto.Extension], proto.Call]
                       ) -> Optional[tuple[Any, ...]]:
-        """See ``Idempotency._leased``; ``call`` builds the statement for the extension."""
+        """One statement in autocommit (an implicit transaction of its own: no BEGIN is sent,
+        and the connection's setting is not switched), on ``conn`` or on a pool connection,
+        40001 retried; its first row. ``call`` builds the statement for the extension."""
         for retry in range(self.transaction_retries + 1):
             try:
                 if conn is not None:
-                    _check_no_transaction(conn)
                     return await self._autocommitted(conn, call)
                 async with self.pool.connection() as own:
-                    _check_no_transaction(own)
                     return await self._autocommitted(own, call)
             except errors.DatabaseError as exc:
                 if not exc.retry_transaction or retry == self.transaction_retries:
@@ -310,19 +377,35 @@ class AsyncIdempotency:
     async def _autocommitted(self, conn: AsyncConnection,
                              call: Callable[[proto.Extension], proto.Call]
                              ) -> Optional[tuple[Any, ...]]:
+        _check_no_transaction(conn)
         statement = _wire.bind(conn, call(await self.extension(conn)))
         try:
             return _wire.row(conn, (await _wire.run_async(conn, [statement]))[0])
         except psycopg.Error as e:
             raise proto.typed(e) from e
 
-    async def _heartbeat(self, held: Lease, length: timedelta) -> None:
-        """Extends the lease every third of its length until cancelled."""
-        while True:
-            await asyncio.sleep(length.total_seconds() / 3)
+
+class _AsyncHeartbeat:
+    """Extends the lease every third of its length until stopped (on a task in asyncio, a thread
+    in the sync client)."""
+
+    def __init__(self, client: AsyncIdempotency, lease: Lease, length: timedelta) -> None:
+        self._client = client
+        self._lease = lease
+        self._length = length
+        self._stopped = AEvent()
+        self._beating = aspawn(self._beat)
+
+    async def stop(self) -> None:
+        self._stopped.set()
+        await ajoin(self._beating)
+
+    async def _beat(self) -> None:
+        held = self._lease
+        while not await await_event(self._stopped, self._length.total_seconds() / 3):
             try:
-                await self._leased(None, lambda ext: proto.extend(
-                    ext, held.key, held.attempt, length, scope=held.scope))
+                await self._client._leased(None, lambda ext: proto.extend(
+                    ext, held.key, held.attempt, self._length, scope=held.scope))
             except (errors.StaleAttemptError, errors.KeyNotFoundError,
                     errors.KeyNotPendingError) as exc:
                 held.lost = exc
@@ -332,7 +415,9 @@ class AsyncIdempotency:
 
 
 async def _roll_back(conn: AsyncConnection) -> None:
-    """See ``client._roll_back``."""
+    """End the runner's transaction without its writes, if it is still open (a failing COMMIT
+    has ended it; a broken connection is discarded by the pool). A rollback that fails does not
+    hide the error that led to it."""
     if conn.closed:
         return
     if _wire.interrupted(conn):
@@ -341,7 +426,14 @@ async def _roll_back(conn: AsyncConnection) -> None:
     if conn.info.transaction_status == TransactionStatus.IDLE:
         return
     try:
-        await conn.rollback()
+        await conn.rollback()  # psycopg's: it also resets its prepared-statement cache
     except Exception as exc:
         logger.warning("rollback of the idempotency runner's transaction failed: %s", exc)
         await conn.close()
+
+
+def _not_claimed(claimed: ClaimResult) -> RunResult:
+    if claimed.outcome is Outcome.REPLAY:
+        return Replayed(claimed)
+    return InProgress(proto.retry_after_seconds(claimed.retry_after, claimed.retry_after_s),
+                      claimed.attempt)

@@ -1,12 +1,13 @@
-"""The synchronous client over a psycopg 3 connection pool."""
+# Generated from aio.py by tools/generate_sync.py: do not edit. Change aio.py, then run
+# tools/generate_sync.py (tests/test_generated.py fails while this file differs from its output).
+"""The client over a psycopg 3 ``ConnectionPool``."""
 
 from __future__ import annotations
 
 import logging
-import threading
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Callable, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -15,6 +16,7 @@ from psycopg_pool import ConnectionPool
 from . import _protocol as proto
 from . import _wire
 from . import errors
+from ._concurrency import Event, join, spawn, wait_event
 from .lease import Lease
 from .results import (ClaimResult, Executed, InProgress, KeyRow, Outcome, Replayed, Reply,
                       RunResult)
@@ -48,9 +50,8 @@ def _autocommit(conn: Connection) -> Iterator[None]:
             conn.close()
 
 
-def _result_statement(conn: "psycopg.BaseConnection[Any]", ext: proto.Extension, key: str,
-                      reply: Reply, *, scope: str, attempt: int,
-                      read_row: bool) -> _wire.Statement:
+def _result_statement(conn: Connection, ext: proto.Extension, key: str, reply: Reply, *,
+                      scope: str, attempt: int, read_row: bool) -> _wire.Statement:
     """The statement storing the handler's result in the transaction that holds the key, which
     the handler must have left open."""
     if conn.info.transaction_status == TransactionStatus.IDLE:
@@ -61,7 +62,7 @@ def _result_statement(conn: "psycopg.BaseConnection[Any]", ext: proto.Extension,
                                          read_row=read_row))
 
 
-def _check_no_transaction(conn: Union[Connection, "psycopg.AsyncConnection[Any]"]) -> None:
+def _check_no_transaction(conn: Connection) -> None:
     if conn.info.transaction_status != TransactionStatus.IDLE:
         raise errors.OpenTransactionError(
             "lease mode must not run inside an open transaction: the claim would hold the key's "
@@ -117,9 +118,9 @@ class Idempotency:
         except psycopg.Error as e:
             raise proto.typed(e) from e
 
-    def claim(self, conn: Connection, key: str, *, request: Any = None, scope: str = "",
-              ttl: Optional[timedelta] = None, lease: Optional[timedelta] = None,
-              fingerprint: Optional[bytes] = None,
+    def claim(self, conn: Connection, key: str, *, request: Any = None,
+              scope: str = "", ttl: Optional[timedelta] = None,
+              lease: Optional[timedelta] = None, fingerprint: Optional[bytes] = None,
               wait: Optional[timedelta] = None) -> ClaimResult:
         call = proto.claim(self.extension(conn), key, request=request, scope=scope,
                            ttl=ttl or self.ttl, lease=lease or self.lease,
@@ -129,11 +130,13 @@ class Idempotency:
         return proto.parse_claim(row)
 
     def complete(self, conn: Connection, key: str, response: Any = None, *,
-                 response_code: int = 200, scope: str = "", attempt: Optional[int] = None,
-                 ttl: Optional[timedelta] = None, body: Optional[bytes] = None,
+                 response_code: int = 200, scope: str = "",
+                 attempt: Optional[int] = None, ttl: Optional[timedelta] = None,
+                 body: Optional[bytes] = None,
                  headers: Optional[Mapping[str, Any]] = None) -> KeyRow:
-        call = proto.complete(self.extension(conn), key, response, response_code=response_code,
-                              scope=scope, attempt=attempt, ttl=ttl, body=body, headers=headers)
+        call = proto.complete(self.extension(conn), key, response,
+                              response_code=response_code, scope=scope, attempt=attempt,
+                              ttl=ttl, body=body, headers=headers)
         return self._key_row(conn, call)
 
     def fail(self, conn: Connection, key: str, response: Any = None, *,
@@ -146,25 +149,29 @@ class Idempotency:
                           body=body, headers=headers)
         return self._key_row(conn, call)
 
-    def lookup(self, conn: Connection, key: str, *, scope: str = "") -> Optional[KeyRow]:
+    def lookup(self, conn: Connection, key: str, *,
+               scope: str = "") -> Optional[KeyRow]:
         """The committed key, or None (a missing key, and from 1.2 an expired one)."""
-        return proto.parse_key_row(self._run(conn, proto.lookup(self.extension(conn), key,
-                                                                scope=scope)))
+        call = proto.lookup(self.extension(conn), key, scope=scope)
+        return proto.parse_key_row(self._run(conn, call))
 
     def extend(self, conn: Connection, key: str, attempt: int, lease: timedelta, *,
                scope: str = "") -> KeyRow:
         """Heartbeat (1.2): the lease of this attempt ends ``lease`` from now."""
-        return self._key_row(conn, proto.extend(self.extension(conn), key, attempt, lease,
-                                                scope=scope))
+        call = proto.extend(self.extension(conn), key, attempt, lease, scope=scope)
+        return self._key_row(conn, call)
 
-    def release(self, conn: Connection, key: str, attempt: int, *, scope: str = "") -> KeyRow:
+    def release(self, conn: Connection, key: str, attempt: int, *,
+                scope: str = "") -> KeyRow:
         """Give the key up without a result (1.2): the next claim takes it over at once."""
-        return self._key_row(conn, proto.release(self.extension(conn), key, attempt,
-                                                 scope=scope))
+        call = proto.release(self.extension(conn), key, attempt, scope=scope)
+        return self._key_row(conn, call)
 
-    def forget(self, conn: Connection, key: str, *, scope: str = "", force: bool = False) -> bool:
+    def forget(self, conn: Connection, key: str, *, scope: str = "",
+               force: bool = False) -> bool:
         """Delete the key whatever its state (1.2); a live lease needs ``force``."""
-        row = self._run(conn, proto.forget(self.extension(conn), key, scope=scope, force=force))
+        call = proto.forget(self.extension(conn), key, scope=scope, force=force)
+        row = self._run(conn, call)
         assert row is not None
         return bool(row[0])
 
@@ -173,25 +180,15 @@ class Idempotency:
         assert row is not None
         return row
 
-    def _finish(self, conn: Connection, key: str, reply: Reply, *, scope: str,
-                attempt: Optional[int], read_row: bool) -> Optional[KeyRow]:
-        call = proto.finish(self.extension(conn), key, reply, scope=scope, attempt=attempt,
-                            read_row=read_row)
-        if not read_row:
-            self._run(conn, call)
-            return None
-        return self._key_row(conn, call)
-
     # ---- same-transaction mode -----------------------------------------------------------
 
-    def run_in_transaction(self, key: str, handler: Callable[[Connection], Reply], *,
-                           request: Any = None, scope: str = "",
-                           ttl: Optional[timedelta] = None, fingerprint: Optional[bytes] = None,
-                           wait: Optional[timedelta] = None,
-                           on_exception: Optional[ExceptionPolicy] = None,
-                           keep_writes_on_error: bool = False,
-                           on_claim: Optional[Callable[[ClaimResult], None]] = None,
-                           read_row: bool = True) -> RunResult:
+    def run_in_transaction(
+            self, key: str, handler: Callable[[Connection], Reply], *,
+            request: Any = None, scope: str = "", ttl: Optional[timedelta] = None,
+            fingerprint: Optional[bytes] = None, wait: Optional[timedelta] = None,
+            on_exception: Optional[ExceptionPolicy] = None, keep_writes_on_error: bool = False,
+            on_claim: Optional[Callable[[ClaimResult], None]] = None,
+            read_row: bool = True) -> RunResult:
         """Claim, run ``handler(conn)`` and store its reply in one transaction.
 
         The handler runs after a savepoint taken with the claim. A success commits its writes
@@ -209,11 +206,11 @@ class Idempotency:
         for retry in range(self.transaction_retries + 1):
             try:
                 with self.pool.connection() as conn:
-                    return self._in_transaction(conn, key, handler, request=request, scope=scope,
-                                                ttl=ttl, fingerprint=fingerprint, wait=wait,
-                                                on_exception=on_exception,
-                                                keep_writes_on_error=keep_writes_on_error,
-                                                on_claim=on_claim, read_row=read_row)
+                    return self._in_transaction(
+                        conn, key, handler, request=request, scope=scope, ttl=ttl,
+                        fingerprint=fingerprint, wait=wait, on_exception=on_exception,
+                        keep_writes_on_error=keep_writes_on_error, on_claim=on_claim,
+                        read_row=read_row)
             except Exception as exc:
                 if not proto.retries_transaction(exc) or retry == self.transaction_retries:
                     if isinstance(exc, psycopg.Error):
@@ -221,12 +218,12 @@ class Idempotency:
                     raise
         raise AssertionError("unreachable")
 
-    def _in_transaction(self, conn: Connection, key: str, handler: Callable[[Connection], Reply],
-                        *, request: Any, scope: str, ttl: Optional[timedelta],
-                        fingerprint: Optional[bytes], wait: Optional[timedelta],
-                        on_exception: Optional[ExceptionPolicy], keep_writes_on_error: bool,
-                        on_claim: Optional[Callable[[ClaimResult], None]],
-                        read_row: bool) -> RunResult:
+    def _in_transaction(
+            self, conn: Connection, key: str,
+            handler: Callable[[Connection], Reply], *, request: Any, scope: str,
+            ttl: Optional[timedelta], fingerprint: Optional[bytes], wait: Optional[timedelta],
+            on_exception: Optional[ExceptionPolicy], keep_writes_on_error: bool,
+            on_claim: Optional[Callable[[ClaimResult], None]], read_row: bool) -> RunResult:
         """One transaction on a pool connection (idle): BEGIN, the claim and the savepoint in
         one exchange, the handler, then the result with COMMIT in one exchange (see ``_wire``)."""
         ext = self.extension(conn)
@@ -235,7 +232,8 @@ class Idempotency:
                                              fingerprint=fingerprint, wait=wait))
         try:
             if self.begin_with_claim and _PIPELINE:
-                answer = _wire.run(conn, [_wire.begin(conn), claim, _SAVEPOINT])[1]
+                answers = _wire.run(conn, [_wire.begin(conn), claim, _SAVEPOINT])
+                answer = answers[1]
             elif _PIPELINE:
                 _wire.run(conn, [_wire.begin(conn)])
                 answer = _wire.run(conn, [claim, _SAVEPOINT])[0]
@@ -263,9 +261,11 @@ class Idempotency:
                                        attempt=claimed.attempt, read_row=read_row)
             statements = [_ROLLBACK_TO_SAVEPOINT, finish] if discard else [finish]
             if _PIPELINE:
-                answer = _wire.run(conn, [*statements, _COMMIT])[len(statements) - 1]
+                answers = _wire.run(conn, [*statements, _COMMIT])
+                answer = answers[len(statements) - 1]
             else:
-                answer = [_wire.run(conn, [s])[0] for s in statements][-1]
+                for statement in statements:
+                    answer = _wire.run(conn, [statement])[0]
                 _wire.run(conn, [_COMMIT])
             row = proto.parse_key_row(_wire.row(conn, answer)) if read_row else None
             return Executed(reply, row)
@@ -273,7 +273,8 @@ class Idempotency:
             _roll_back(conn)
             raise
 
-    def _reply(self, conn: Connection, handler: Callable[[Connection], Reply],
+    def _reply(self, conn: Connection,
+               handler: Callable[[Connection], Reply],
                on_exception: Optional[ExceptionPolicy]) -> tuple[Reply, bool]:
         """The handler's reply, and whether its writes are to be discarded (a reply of the
         exception policy is stored without them)."""
@@ -290,25 +291,27 @@ class Idempotency:
 
     # ---- lease mode ----------------------------------------------------------------------
 
-    def run_with_lease(self, key: str, handler: Callable[[Lease], Reply], *,
-                       request: Any = None, scope: str = "", ttl: Optional[timedelta] = None,
-                       lease: Optional[timedelta] = None, fingerprint: Optional[bytes] = None,
-                       wait: Optional[timedelta] = None, heartbeat: Optional[bool] = None,
-                       on_exception: Optional[ExceptionPolicy] = None,
-                       conn: Optional[Connection] = None, read_row: bool = True) -> RunResult:
+    def run_with_lease(
+            self, key: str, handler: Callable[[Lease], Reply], *,
+            request: Any = None, scope: str = "", ttl: Optional[timedelta] = None,
+            lease: Optional[timedelta] = None, fingerprint: Optional[bytes] = None,
+            wait: Optional[timedelta] = None, heartbeat: Optional[bool] = None,
+            on_exception: Optional[ExceptionPolicy] = None,
+            conn: Optional[Connection] = None, read_row: bool = True) -> RunResult:
         """Claim in autocommit, run ``handler(lease)`` with no transaction open, then store its
         reply fenced by the attempt.
 
         ``conn``: run the claim and the finish on this connection (it must have no open
         transaction) instead of pool connections. ``heartbeat`` extends the lease every third
-        of its length while the handler runs, on a thread with pool connections: None (the
-        default) whenever the extension can (1.2 and later), True requires it, False turns it
-        off. A heartbeat that finds the key taken over sets ``lease.lost``; the reply is then
-        not stored and that error (StaleAttemptError, or KeyNotFoundError when the key was
-        forgotten) raises. A handler that raises stores a retryable failure (or what
-        ``on_exception`` returns) and the exception propagates. A reply whose attempt was
-        taken over meanwhile raises StaleAttemptError: never report it as success.
-        ``read_row=False``: the stored row is not read back (``Executed.row`` is None).
+        of its length while the handler runs (on a thread, or a task in asyncio, with pool
+        connections): None (the default) whenever the extension can (1.2 and later), True
+        requires it, False turns it off. A heartbeat that finds the key taken over sets
+        ``lease.lost``; the reply is then not stored and that error (StaleAttemptError, or
+        KeyNotFoundError when the key was forgotten) raises. A handler that raises stores a
+        retryable failure (or what ``on_exception`` returns) and the exception propagates. A
+        reply whose attempt was taken over meanwhile raises StaleAttemptError: never report it
+        as success. ``read_row=False``: the stored row is not read back (``Executed.row`` is
+        None).
         """
         lease = lease or self.lease
         ext = self.extension(conn)
@@ -317,9 +320,9 @@ class Idempotency:
         beats = heartbeat if heartbeat is not None else ext.has_1_2
         if conn is not None:
             _check_no_transaction(conn)
-        claimed_row = self._leased(conn, lambda c: proto.claim(
-            self.extension(c), key, request=request, scope=scope, ttl=ttl or self.ttl,
-            lease=lease, fingerprint=fingerprint, wait=wait))
+        claimed_row = self._leased(conn, lambda ext: proto.claim(
+            ext, key, request=request, scope=scope, ttl=ttl or self.ttl, lease=lease,
+            fingerprint=fingerprint, wait=wait))
         assert claimed_row is not None
         claimed = proto.parse_claim(claimed_row)
         if claimed.outcome is not Outcome.CLAIMED:
@@ -328,8 +331,6 @@ class Idempotency:
         held = Lease(key, scope, claimed.attempt, claimed.inserted)
         beat = _Heartbeat(self, held, lease or ext.default_lease) if beats else None
         try:
-            if beat is not None:
-                beat.start()
             try:
                 reply = handler(held)
             finally:
@@ -340,9 +341,9 @@ class Idempotency:
             if policy_reply is None:
                 try:
                     if held.lost is None:
-                        self._leased(conn, lambda c: proto.finish(
-                            self.extension(c), key, Reply.failure(), scope=scope,
-                            attempt=held.attempt, read_row=False))
+                        self._leased(conn, lambda ext: proto.finish(
+                            ext, key, Reply.failure(), scope=scope, attempt=held.attempt,
+                            read_row=False))
                 except (errors.StaleAttemptError, errors.KeyNotFoundError,
                         errors.KeyNotPendingError):
                     pass  # no longer this attempt's key: nothing to record; the error raises
@@ -350,67 +351,65 @@ class Idempotency:
             reply = policy_reply
         if held.lost is not None:
             raise held.lost  # another attempt owns the key: this result is not stored
-        row = self._leased(conn, lambda c: proto.finish(
-            self.extension(c), key, reply, scope=scope, attempt=held.attempt, read_row=read_row))
+        row = self._leased(conn, lambda ext: proto.finish(
+            ext, key, reply, scope=scope, attempt=held.attempt, read_row=read_row))
         return Executed(reply, proto.parse_key_row(row) if read_row else None)
 
     def _leased(self, conn: Optional[Connection],
-                call: Callable[[Connection], proto.Call]) -> Optional[tuple[Any, ...]]:
+                call: Callable[[proto.Extension], proto.Call]
+                ) -> Optional[tuple[Any, ...]]:
         """One statement in autocommit (an implicit transaction of its own: no BEGIN is sent,
         and the connection's setting is not switched), on ``conn`` or on a pool connection,
-        40001 retried; its first row."""
+        40001 retried; its first row. ``call`` builds the statement for the extension."""
         for retry in range(self.transaction_retries + 1):
             try:
                 if conn is not None:
-                    _check_no_transaction(conn)
-                    return _autocommitted(conn, call(conn))
+                    return self._autocommitted(conn, call)
                 with self.pool.connection() as own:
-                    _check_no_transaction(own)
-                    return _autocommitted(own, call(own))
+                    return self._autocommitted(own, call)
             except errors.DatabaseError as exc:
                 if not exc.retry_transaction or retry == self.transaction_retries:
                     raise
         raise AssertionError("unreachable")
 
+    def _autocommitted(self, conn: Connection,
+                       call: Callable[[proto.Extension], proto.Call]
+                       ) -> Optional[tuple[Any, ...]]:
+        _check_no_transaction(conn)
+        statement = _wire.bind(conn, call(self.extension(conn)))
+        try:
+            return _wire.row(conn, _wire.run(conn, [statement])[0])
+        except psycopg.Error as e:
+            raise proto.typed(e) from e
+
 
 class _Heartbeat:
-    """Extends the lease every third of its length until stopped (a thread per run)."""
+    """Extends the lease every third of its length until stopped (on a task in asyncio, a thread
+    in the sync client)."""
 
     def __init__(self, client: Idempotency, lease: Lease, length: timedelta) -> None:
         self._client = client
         self._lease = lease
         self._length = length
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="idempotency-heartbeat",
-                                        daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
+        self._stopped = Event()
+        self._beating = spawn(self._beat)
 
     def stop(self) -> None:
         self._stopped.set()
-        self._thread.join()
+        join(self._beating)
 
     def _beat(self) -> None:
         held = self._lease
-        while not self._stopped.wait(self._length.total_seconds() / 3):
+        while not wait_event(self._stopped, self._length.total_seconds() / 3):
             try:
-                self._client._leased(None, lambda c: proto.extend(
-                    self._client.extension(c), held.key, held.attempt, self._length,
-                    scope=held.scope))
+                self._client._leased(None, lambda ext: proto.extend(
+                    ext, held.key, held.attempt, self._length, scope=held.scope))
             except (errors.StaleAttemptError, errors.KeyNotFoundError,
                     errors.KeyNotPendingError) as exc:
                 held.lost = exc
                 return
             except Exception as exc:  # the database is unreachable now: try at the next beat
                 held.heartbeat_error = exc
-
-
-def _autocommitted(conn: Connection, call: proto.Call) -> Optional[tuple[Any, ...]]:
-    try:
-        return _wire.row(conn, _wire.run(conn, [_wire.bind(conn, call)])[0])
-    except psycopg.Error as e:
-        raise proto.typed(e) from e
 
 
 def _roll_back(conn: Connection) -> None:

@@ -37,8 +37,14 @@ def pause(seconds: float) -> None:
     time.sleep(seconds)
 
 
+def released(name: str) -> Path:
+    """The file a test writes to let a handler held by ``X-Hold`` finish."""
+    return MARKERS / f"{name}.release"
+
+
 def wait_until(condition: Callable[[], bool], timeout: float = 60) -> None:
-    """Until the heartbeat reports the lease lost (bounded: a test fails, it never hangs)."""
+    """Until the condition holds, such as the heartbeat reporting the lease lost or the test
+    releasing a held handler (bounded: a test fails, it never hangs)."""
     deadline = time.monotonic() + timeout
     while not condition() and time.monotonic() < deadline:
         time.sleep(0.02)

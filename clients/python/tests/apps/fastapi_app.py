@@ -6,7 +6,7 @@ import asyncio
 import json
 import time
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request, Response
 from psycopg import AsyncConnection
@@ -16,7 +16,14 @@ from pg_idempotency import AsyncIdempotency, KeyContext, Lease
 from pg_idempotency.fastapi import FastAPIIdempotency
 
 from common import (BINARY_BODY, DSN, as_int, charge_body, committed_state, mark_started,
-                    order_body, pool_lifespan)
+                    order_body, pool_lifespan, released)
+
+
+async def until(condition: Callable[[], bool], timeout: float = 120) -> None:
+    """common.wait_until without blocking the event loop."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
 
 
 def create_app() -> FastAPI:
@@ -55,6 +62,7 @@ def create_app() -> FastAPI:
     async def pay(pause: Optional[float] = Header(None, alias="X-Pause"),
                   status: Optional[int] = Header(None, alias="X-Status"),
                   abort: Optional[int] = Header(None, alias="X-Abort"),
+                  hold: bool = Header(False, alias="X-Hold"),
                   lease: Lease = Depends(idem.lease)) -> Response:
         async with pool.connection() as conn:
             await conn.execute("INSERT INTO handler_runs (idem_key, attempt) VALUES (%s, %s)",
@@ -64,6 +72,9 @@ def create_app() -> FastAPI:
         if pause:
             mark_started(f"{lease.key}.{lease.attempt}")
             await asyncio.sleep(pause)
+        if hold:  # until the test releases it
+            mark_started(f"{lease.key}.{lease.attempt}")
+            await until(lambda: released(f"{lease.key}.{lease.attempt}").exists())
         async with pool.connection() as conn:
             await conn.execute(
                 "INSERT INTO provider_charges VALUES (%s, %s) ON CONFLICT DO NOTHING",
@@ -71,21 +82,33 @@ def create_app() -> FastAPI:
         return Response(charge_body(lease.key, lease.attempt), status_code=as_int(status, 201),
                         media_type="application/json")
 
+    @router.post("/payments-held")  # a minute's lease; the handler waits for the test's release
+    @idem.leased(required=True, lease=timedelta(minutes=1), heartbeat=False)
+    async def pay_held(lease: Lease = Depends(idem.lease)) -> Response:
+        async with pool.connection() as conn:
+            await conn.execute("INSERT INTO handler_runs (idem_key, attempt) VALUES (%s, %s)",
+                               (lease.key, lease.attempt))
+        mark_started(f"{lease.key}.{lease.attempt}")
+        await until(lambda: released(f"{lease.key}.{lease.attempt}").exists())
+        return Response(charge_body(lease.key, lease.attempt), status_code=201,
+                        media_type="application/json")
+
     @router.post("/raise")
     @idem.leased()
     async def explode() -> Response:
         raise RuntimeError("the provider is down")
 
-    @router.post("/heartbeat")  # heartbeats by default
-    @idem.leased(required=True, lease=timedelta(seconds=1))
+    @router.post("/heartbeat")  # heartbeats by default (every second)
+    @idem.leased(required=True, lease=timedelta(seconds=3))
     async def long_job(pause: float = Header(3, alias="X-Pause"),
                        until_lost: bool = Header(False, alias="X-Until-Lost"),
+                       hold: bool = Header(False, alias="X-Hold"),
                        lease: Lease = Depends(idem.lease)) -> Response:
         mark_started(f"{lease.key}.{lease.attempt}")
         if until_lost:
-            deadline = time.monotonic() + 60
-            while lease.lost is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
+            await until(lambda: lease.lost is not None)
+        elif hold:
+            await until(lambda: released(f"{lease.key}.{lease.attempt}").exists())
         else:
             await asyncio.sleep(pause)
         return Response(charge_body(lease.key, lease.attempt), status_code=200,

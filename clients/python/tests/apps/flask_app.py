@@ -13,7 +13,7 @@ from pg_idempotency import Idempotency, Lease
 from pg_idempotency.flask import FlaskIdempotency
 
 from common import (BINARY_BODY, DSN, as_int, charge_body, committed_state, mark_started,
-                    order_body, pause, wait_until)
+                    order_body, pause, released, wait_until)
 
 
 def create_app() -> flask.Flask:
@@ -56,6 +56,9 @@ def create_app() -> flask.Flask:
         if flask.request.headers.get("X-Pause"):
             mark_started(f"{lease.key}.{lease.attempt}")
             pause(float(flask.request.headers["X-Pause"]))
+        if flask.request.headers.get("X-Hold"):  # until the test releases it
+            mark_started(f"{lease.key}.{lease.attempt}")
+            wait_until(lambda: released(f"{lease.key}.{lease.attempt}").exists(), 120)
         with pool.connection() as conn:  # the provider keeps its own idempotency key
             conn.execute("INSERT INTO provider_charges VALUES (%s, %s) ON CONFLICT DO NOTHING",
                          (lease.key, lease.attempt))
@@ -63,17 +66,30 @@ def create_app() -> flask.Flask:
         return flask.Response(charge_body(lease.key, lease.attempt), status=status,
                               content_type="application/json")
 
+    @app.post("/payments-held")  # a minute's lease; the handler waits for the test's release
+    @idem.leased(required=True, lease=timedelta(minutes=1), heartbeat=False)
+    def pay_held(lease: Lease) -> flask.Response:
+        with pool.connection() as conn:
+            conn.execute("INSERT INTO handler_runs (idem_key, attempt) VALUES (%s, %s)",
+                         (lease.key, lease.attempt))
+        mark_started(f"{lease.key}.{lease.attempt}")
+        wait_until(lambda: released(f"{lease.key}.{lease.attempt}").exists(), 120)
+        return flask.Response(charge_body(lease.key, lease.attempt), status=201,
+                              content_type="application/json")
+
     @app.post("/raise")
     @idem.leased()
     def explode(lease: Lease) -> flask.Response:
         raise RuntimeError("the provider is down")
 
-    @app.post("/heartbeat")  # heartbeats by default
-    @idem.leased(required=True, lease=timedelta(seconds=1))
+    @app.post("/heartbeat")  # heartbeats by default (every second)
+    @idem.leased(required=True, lease=timedelta(seconds=3))
     def long_job(lease: Lease) -> flask.Response:
         mark_started(f"{lease.key}.{lease.attempt}")
         if flask.request.headers.get("X-Until-Lost"):
             wait_until(lambda: lease.lost is not None)
+        elif flask.request.headers.get("X-Hold"):
+            wait_until(lambda: released(f"{lease.key}.{lease.attempt}").exists(), 120)
         else:
             pause(float(flask.request.headers.get("X-Pause", "3")))
         return flask.Response(charge_body(lease.key, lease.attempt), status=200,
