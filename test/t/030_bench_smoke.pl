@@ -84,23 +84,29 @@ like($out, qr/^- PostgreSQL: PostgreSQL \Q$major\E\b/m, 'the report names the Po
 ok(-s $report_file, 'the report was written to --output');
 ok(-s "$dir/report.tsv", 'the raw results were written next to it');
 
-# bench/plot: the pictures from the committed data
-my $img = "$dir/img";
-my ($plot_out, $plot_err) = ('', '');
-run [ '/usr/bin/python3', "$root/bench/plot", '--out', $img ], '<', \undef, '>', \$plot_out,
-  '2>', \$plot_err, timeout(300);
-is($? >> 8, 0, 'bench/plot exits 0') or diag("stdout:\n$plot_out\nstderr:\n$plot_err");
-for my $png (qw(sweep reap_growth batch versions)) {
-	my $file = "$img/$png.png";
-	ok(-f $file, "bench/plot wrote $png.png") or next;
-	open my $fh, '<:raw', $file or die "$file: $!";
-	read $fh, my $head, 24;
-	close $fh;
-	is(substr($head, 0, 8), "\x89PNG\r\n\x1a\n", "$png.png is a PNG");
-	my ($w, $h) = unpack('NN', substr($head, 16, 8));
-	ok($w >= 600 && $h >= 300, "$png.png is ${w}x$h pixels (at least 600x300)");
-	# an empty canvas of that size is about 3 kB as a PNG, empty axes 8 kB; lines, bars and text more
-	ok(-s $file > 20_000, "$png.png holds a drawing (" . (-s $file) . ' bytes)');
+# bench/plot: the pictures from the committed data. The pictures are drawn on the host
+# (PostgreSQL 15's run, where scripts/deps --all installs matplotlib); the 17 and 18 chroots carry
+# PostgreSQL and its build tools only, and the plots do not depend on the major.
+SKIP: {
+	skip 'bench/plot: drawn in the run on the host, not in the ' . "$ENV{IDEMPOTENCY_IN_CHROOT}" . ' chroot', 17
+	  if $ENV{IDEMPOTENCY_IN_CHROOT};
+	my $img = "$dir/img";
+	my ($plot_out, $plot_err) = ('', '');
+	run [ '/usr/bin/python3', "$root/bench/plot", '--out', $img ], '<', \undef, '>', \$plot_out,
+	  '2>', \$plot_err, timeout(300);
+	is($? >> 8, 0, 'bench/plot exits 0') or diag("stdout:\n$plot_out\nstderr:\n$plot_err");
+	for my $png (qw(sweep reap_growth batch versions)) {
+		my $file = "$img/$png.png";
+		ok(-f $file, "bench/plot wrote $png.png") or next;
+		open my $fh, '<:raw', $file or die "$file: $!";
+		read $fh, my $head, 24;
+		close $fh;
+		is(substr($head, 0, 8), "\x89PNG\r\n\x1a\n", "$png.png is a PNG");
+		my ($w, $h) = unpack('NN', substr($head, 16, 8));
+		ok($w >= 600 && $h >= 300, "$png.png is ${w}x$h pixels (at least 600x300)");
+		# an empty canvas of that size is about 3 kB as a PNG, empty axes 8 kB; lines, bars and text more
+		ok(-s $file > 20_000, "$png.png holds a drawing (" . (-s $file) . ' bytes)');
+	}
 }
 
 done_testing();
