@@ -262,8 +262,10 @@ def main() -> int:
     finally:
         if procs is not None:
             procs.stop_all()
-        broker.stop()
-        pg.stop()
+        try:
+            broker.stop()
+        finally:        # a broker that fails to stop must not leave PostgreSQL running
+            pg.stop()
         if tap.failed == 0:
             shutil.rmtree(base, ignore_errors=True)
         else:

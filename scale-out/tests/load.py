@@ -24,6 +24,17 @@ class ClaimLog:
             if row[0] == "claimed":
                 self.claims.append((scope, key, row[2]))
 
+    def calls(self):
+        with self.lock:
+            return sum(self.outcomes.values())
+
+    def wait_for_calls(self, count, timeout=120):
+        """True once the clients have made `count` claims in all, however slow the machine."""
+        deadline = time.monotonic() + timeout
+        while self.calls() < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.calls() >= count
+
     def error(self, error: psycopg.Error):
         with self.lock:
             self.errors[error.sqlstate] = self.errors.get(error.sqlstate, 0) + 1

@@ -163,6 +163,20 @@ def test_exactly_once_through_the_proxy(four):
         assert rejected.value.sqlstate == "IK002", str(rejected.value)
         fenced.append((scope, key, claim[2]))
 
+        # and one live owner, so in_progress is seen on every run, not only when load allows
+        scope, key = keys[1]
+        claim = stale.execute("SELECT * FROM idem_claim(%s, %s, scope => %s, lease => '1 hour')",
+                              [key, json.dumps({"k": key}), scope]).fetchone()
+        log.outcome(scope, key, claim)
+        row = other.execute("SELECT * FROM idem_claim(%s, %s, scope => %s, lease => '40 ms')",
+                            [key, json.dumps({"k": key}), scope]).fetchone()
+        log.outcome(scope, key, row)
+        assert (claim[0], row[0]) == ("claimed", "in_progress"), (claim, row)
+        with stale.transaction():
+            stale.execute("INSERT INTO effects VALUES (%s, %s, %s, -3)", [scope, key, claim[2]])
+            stale.execute("SELECT idem_complete(%s, %s, 201, scope => %s, attempt => %s)",
+                          [key, response(-3, claim[2]), scope, claim[2]])
+
     def client(cid, stop):
         r = rng(cid)
         with four.proxy.connect() as px:
@@ -233,6 +247,7 @@ def test_exactly_once_through_the_proxy(four):
         assert resp == json.loads(response(effects[sk][1], attempt))
     assert set(effects) == set(keys)
     assert log.outcomes.get("replay", 0) > 0 and log.outcomes.get("in_progress", 0) > 0
+    assert effects[keys[1]][1] == -3, "the live owner's completion is the one stored"
     takeovers = sum(1 for _, _, a in log.claims if a > 1)
     assert takeovers > 0 and fenced, (takeovers, len(fenced))
     assert (-2) not in {client for _, client in effects.values()}, "a fenced completion's effect committed"

@@ -80,9 +80,11 @@ def test_reshard_2_to_4_under_load(two_plus_two):
                     acked[(scope, key)] = (row[2], response(cid, row[2]))
 
     stop, threads, failures = run_clients(8, client)
-    time.sleep(1.5)
+    # the move starts and ends under load on any machine: counted claims, not elapsed time
+    assert log.wait_for_calls(200), f"the clients made {log.calls()} claims before the move"
     result = idem_scaleout.reshard([px.dsn for px in d.proxies], [p.dsn for p in d.partitions[2:]], log=print)
-    time.sleep(1.5)
+    after_move = log.calls()
+    assert log.wait_for_calls(after_move + 200), f"the clients made {log.calls() - after_move} claims after the move"
     assert join(stop, threads) and not failures, failures
     print(f"resharding: {result}; outcomes {log.outcomes}; errors {log.errors}")
 
