@@ -123,7 +123,7 @@ class Consumer:
         self.crash_after_commit = crash_after_commit
         self.stopping = False
         self.committed_batches = 0
-        self.stats = {"applied": 0, "duplicates": 0, "dead_lettered": 0, "requeued": 0}
+        self.stats = {"applied": 0, "duplicates": 0, "dead_lettered": 0, "requeued": 0, "transactions": 0}
         self.conn: psycopg.Connection | None = None
         self.amqp: pika.BlockingConnection | None = None
         self.channel = None
@@ -171,6 +171,7 @@ class Consumer:
         Returns each message's verdict (see dedup_claim)."""
         assert self.conn is not None
         for attempt in range(1, 6):
+            self.stats["transactions"] += 1
             try:
                 with self.conn.transaction():
                     verdicts = dedup_claim(self.conn, messages)
@@ -227,14 +228,18 @@ class Consumer:
             except (psycopg.OperationalError, *TRANSIENT):
                 raise
             except psycopg.Error as error:
-                # One bad message fails the whole batch: find it by applying one at a time.
-                if len(group) > 1:
-                    groups.extend([m] for m in group)
+                # One bad message fails the whole batch. An error about a key's state names the
+                # key (COLUMN_NAME); any other error (the effect's) is found by halving the group.
+                bad = next((m for m in group if m.message_id == error.diag.column_name), None)
+                if bad is None and len(group) > 1:
+                    groups.extend([group[:len(group) // 2], group[len(group) // 2:]])
                     continue
+                bad = bad or group[0]
                 # IK001: the id was used for a different message; the key is not this one's.
                 if error.sqlstate != "IK001":
-                    self.dead_letter_record(group[0], error)
-                verdicts[group[0].tag] = "poison"
+                    self.dead_letter_record(bad, error)
+                verdicts[bad.tag] = "poison"
+                groups.append([m for m in group if m is not bad])
         for copy in copies:
             first = first_of[copy.message_id]
             if copy.payload != first.payload:  # the id reused for another event: IK001's case

@@ -12,7 +12,9 @@ line "N passed, N failed").
   and creates some orders the consumer refuses (poison messages).
 Then, from the database: every committed order's event applied exactly once (0 lost, 0 applied
 twice, 0 applied without a committed order), poison events applied never and dead-lettered, stock
-totals equal to the sum of the applied orders.
+totals equal to the sum of the applied orders. Last, one batch with two bad messages (an id
+reused for another event, an effect the check constraint refuses): the rest applied, the two
+dead-lettered, in far fewer transactions than one per message.
 
 Environment: PG_CONFIG, MESSAGES (default 10000); IDEMPOTENCY_PORTS (the range of the free ports).
 """
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pika
@@ -256,6 +259,43 @@ def main() -> int:
         tap.ok(duplicates > 0, f"duplicates were delivered and skipped ({duplicates})")
         tap.is_(sql("SELECT count(*) FROM outbox WHERE sent_at IS NULL"), "0",
                 "every outbox row marked sent")
+
+        # One batch of 40 with two bad messages, queued before a consumer starts: an id reused
+        # for another event (IK001, named by the batch's error) and an effect the check constraint
+        # refuses (found by halving). One message per transaction would take 41.
+        reused = json.dumps(dict(json.loads(twice_payload), quantity=7))
+        good = [(str(uuid.uuid4()), json.dumps({"order_id": 0, "sku": "sku-batch", "quantity": 1}))
+                for _ in range(38)]
+        bad_effect = (str(uuid.uuid4()), json.dumps({"order_id": 0, "sku": "sku-batch", "quantity": 0}))
+        batch = good[:13] + [(twice_id, reused)] + good[13:29] + [bad_effect] + good[29:]
+        dead_before = broker.queue_depth(topology.DEAD_LETTER_QUEUE)
+        twice_key = f"""SELECT state, attempt, fingerprint, completed_at FROM idem_keys
+                         WHERE scope = 'consumer:shipping' AND key = '{twice_id}'"""
+        twice_before = sql(twice_key)
+        applied_batch = lambda: int(sql("SELECT count(*) FROM shipments WHERE sku = 'sku-batch'"))
+        with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
+            ch = c.channel()
+            ch.confirm_delivery()
+            for message_id, payload in batch:
+                ch.basic_publish(topology.EXCHANGE, topology.ROUTING_KEY, payload.encode(),
+                                 pika.BasicProperties(delivery_mode=2, message_id=message_id))
+        consumer, consumer_out = procs.start("consumer", "--batch", str(len(batch)), "--linger", "1")
+        tap.ok(wait_until(lambda: broker.queue_depth(topology.QUEUE) == 0 and broker.queue_depth(
+            topology.DEAD_LETTER_QUEUE) == dead_before + 2 and applied_batch() == len(good), 120),
+               "a batch with two bad messages: the rest applied, the two dead-lettered")
+        consumer.terminate()
+        consumer.wait(timeout=60)
+        stats = last_json(consumer_out)
+        note(f"consumer: {stats}")
+        tap.is_((stats["applied"], stats["dead_lettered"]), (len(good), 2), "... counted by the consumer")
+        tap.ok(stats["transactions"] <= 16, f"... in {stats['transactions']} transactions, not one "
+               f"per message", json.dumps(stats))
+        tap.is_(sql(twice_key) + " " + sql(f"""SELECT string_agg(quantity::text, ',') FROM shipments
+                                                WHERE message_id = '{twice_id}'"""),
+                twice_before + " 2", "the reused id's key and effect are still its first event's")
+        tap.is_(sql(f"""SELECT state || ' ' || (response->>'sqlstate') FROM idem_keys
+                         WHERE scope = 'consumer:shipping' AND key = '{bad_effect[0]}'"""),
+                "failed 23514", "the refused effect is recorded as failed")
         note(f"total {time.monotonic() - started:.1f} s")
     except Exception as e:  # a harness failure is a failed test, never a silent pass
         tap.ok(False, f"the run completed ({type(e).__name__}: {e})")
