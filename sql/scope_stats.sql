@@ -96,8 +96,18 @@ SELECT count(*) AS rows_after_reset FROM idem_scope_stats;
 SELECT outcome FROM idem_claim('a-1', '{"n": 1}', scope => 'ss-a');
 SELECT scope, claims, replays FROM idem_scope_stats;
 
+-- a re-entrant claim (this transaction's own pending key) answers claimed and is no outcome:
+-- ss-d counts one claim, idem_stats two
+SELECT claims AS db_claims_before FROM idem_stats \gset
+BEGIN;
+SELECT outcome, inserted FROM idem_claim('d-1', scope => 'ss-d');
+SELECT outcome, inserted FROM idem_claim('d-1', scope => 'ss-d');
+COMMIT;
+SELECT claims - :db_claims_before AS db_claims FROM idem_stats;
+SELECT claims, inserted, takeovers FROM idem_scope_stats WHERE scope = 'ss-d';
+
 -- clean up
 SELECT idem_scope_stats_reset();
-DELETE FROM idem_keys WHERE scope IN ('ss-a', 'ss-b', 'ss-c');
+DELETE FROM idem_keys WHERE scope IN ('ss-a', 'ss-b', 'ss-c', 'ss-d');
 REVOKE ALL ON idem_keys FROM ss_reader, ss_tenant;
 DROP ROLE ss_nobody, ss_stats, ss_reader, ss_tenant;
