@@ -8,6 +8,9 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use IdemCrash;
 
 my $naptime = 1;    # seconds
 
@@ -181,18 +184,11 @@ sub kill9_and_wait
 	kill 'KILL', $victim;
 	# the postmaster restarts every backend: wait until it accepts connections and the
 	# workers are back
-	my $ok = 0;
-	my $deadline = time + 60;
-	while (time < $deadline)
-	{
-		my ($rc, $out) = $node->psql('postgres', qq{
+	ok(poll_after_crash($node, 'postgres', qq{
 			SELECT count(*) FILTER (WHERE backend_type = 'idempotency launcher') || ',' ||
 			       count(*) FILTER (WHERE backend_type = 'idempotency reaper' AND datname IN ('db1', 'db2', 'db3'))
-			FROM pg_stat_activity WHERE pid <> $victim});
-		if ($rc == 0 && $out eq '1,3') { $ok = 1; last; }
-		sleep 0.2;
-	}
-	ok($ok, "after kill -9 of the $type: the launcher and three reapers are back");
+			FROM pg_stat_activity WHERE pid <> $victim}, '1,3'),
+		"after kill -9 of the $type: the launcher and three reapers are back");
 	ok($node->log_contains(qr/terminated by signal 9: Killed/), 'the kill was a crash');
 }
 kill9_and_wait('idempotency reaper');

@@ -24,6 +24,9 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use IdemCrash;
 
 my $lease = 30;    # seconds: long enough to outlast the crash restart on a loaded machine, with claims to spare
 
@@ -74,7 +77,7 @@ my $logstart = -s $node->logfile;
 ok(kill('KILL', $a_pid), "SIGKILL sent to A's backend ($a_pid)");
 # the postmaster terminates every backend, reinitialises and recovers: wait until it answers
 $node->wait_for_log(qr/all server processes terminated; reinitializing/, $logstart);
-ok($node->poll_query_until('postgres', 'SELECT true'), 'the server accepts connections again');
+ok(poll_after_crash($node, 'postgres', 'SELECT true'), 'the server accepts connections again');
 # "server process (PID n)" until 17, "client backend (PID n)" from 18
 ok($node->log_contains(qr/(server process|client backend) \(PID $a_pid\) was terminated by signal 9/, $logstart),
 	'the postmaster saw the backend die of SIGKILL');

@@ -20,6 +20,9 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use IPC::Run;
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use IdemCrash;
 
 my $clients = 16;
 my $per_client = 60;
@@ -164,7 +167,7 @@ ok($xid ne '' && $written > 0 && $written < $n,
 my $logstart = -s $node->logfile;
 ok(kill('KILL', $victim), "SIGKILL sent to the batch's backend ($victim)");
 $node->wait_for_log(qr/all server processes terminated; reinitializing/, $logstart);
-ok($node->poll_query_until('postgres', 'SELECT true'), 'the server accepts connections again');
+ok(poll_after_crash($node, 'postgres', 'SELECT true'), 'the server accepts connections again');
 # "server process (PID n)" until 17, "client backend (PID n)" from 18
 ok($node->log_contains(qr/(server process|client backend) \(PID $victim\) was terminated by signal 9/, $logstart),
 	'the backend died of SIGKILL and the postmaster restarted');
