@@ -106,6 +106,17 @@ def last_json(path: Path) -> dict[str, int]:
     raise ValueError(f"no result line in {path}")
 
 
+def publish(broker: servers.RabbitMQ, messages: list[tuple[str | None, bytes]]) -> None:
+    """Persistent messages (message id, body), each confirmed by the broker, in this order."""
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
+        ch = c.channel()
+        topology.declare(ch)
+        ch.confirm_delivery()
+        for message_id, body in messages:
+            ch.basic_publish(topology.EXCHANGE, topology.ROUTING_KEY, body,
+                             pika.BasicProperties(delivery_mode=2, message_id=message_id))
+
+
 def wait_until(predicate, timeout: float, step: float = 0.5) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -145,15 +156,7 @@ def main() -> int:
                                                           'sku', sku, 'quantity', quantity), now()
                  FROM o
                RETURNING message_id, payload""").split("|")
-        with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
-            ch = c.channel()
-            topology.declare(ch)
-            ch.confirm_delivery()
-            ch.basic_publish(topology.EXCHANGE, topology.ROUTING_KEY, b"\x00not json",
-                             pika.BasicProperties(delivery_mode=2))
-            for _ in range(2):
-                ch.basic_publish(topology.EXCHANGE, topology.ROUTING_KEY, twice_payload.encode(),
-                                 pika.BasicProperties(delivery_mode=2, message_id=twice_id))
+        publish(broker, [(None, b"\x00not json")] + [(twice_id, twice_payload.encode())] * 2)
 
         consumer_a, consumer_a_out = procs.start("consumer", "--crash-after-commit", "5")
         consumer_b, consumer_b_out = procs.start("consumer")
@@ -273,12 +276,7 @@ def main() -> int:
                          WHERE scope = 'consumer:shipping' AND key = '{twice_id}'"""
         twice_before = sql(twice_key)
         applied_batch = lambda: int(sql("SELECT count(*) FROM shipments WHERE sku = 'sku-batch'"))
-        with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
-            ch = c.channel()
-            ch.confirm_delivery()
-            for message_id, payload in batch:
-                ch.basic_publish(topology.EXCHANGE, topology.ROUTING_KEY, payload.encode(),
-                                 pika.BasicProperties(delivery_mode=2, message_id=message_id))
+        publish(broker, [(message_id, payload.encode()) for message_id, payload in batch])
         consumer, consumer_out = procs.start("consumer", "--batch", str(len(batch)), "--linger", "1")
         tap.ok(wait_until(lambda: broker.queue_depth(topology.QUEUE) == 0 and broker.queue_depth(
             topology.DEAD_LETTER_QUEUE) == dead_before + 2 and applied_batch() == len(good), 120),

@@ -128,6 +128,14 @@ def test_same_transaction_mode_on_the_partition_the_proxy_names(four):
                           ).fetchone() == ("replay", {"id": 1})
 
 
+def complete_with_effect(conn, scope, key, attempt, client):
+    """The client's effect and the key's completion, committed together (or neither)."""
+    with conn.transaction():
+        conn.execute("INSERT INTO effects VALUES (%s, %s, %s, %s)", [scope, key, attempt, client])
+        conn.execute("SELECT idem_complete(%s, %s, 201, scope => %s, attempt => %s)",
+                     [key, response(client, attempt), scope, attempt])
+
+
 def test_exactly_once_through_the_proxy(four):
     """32 clients, 120 keys in 12 scopes, lease mode with 40 ms and 2 s leases: duplicates,
     takeovers of slow and crashed owners, retryable failures, fenced stale owners, callers that
@@ -156,10 +164,7 @@ def test_exactly_once_through_the_proxy(four):
                 break
         assert row[0] == "claimed" and row[2] == claim[2] + 1, row
         with pytest.raises(psycopg.Error) as rejected:
-            with stale.transaction():
-                stale.execute("INSERT INTO effects VALUES (%s, %s, %s, -2)", [scope, key, claim[2]])
-                stale.execute("SELECT idem_complete(%s, %s, 201, scope => %s, attempt => %s)",
-                              [key, response(-2, claim[2]), scope, claim[2]])
+            complete_with_effect(stale, scope, key, claim[2], -2)
         assert rejected.value.sqlstate == "IK002", str(rejected.value)
         fenced.append((scope, key, claim[2]))
 
@@ -172,10 +177,7 @@ def test_exactly_once_through_the_proxy(four):
                             [key, json.dumps({"k": key}), scope]).fetchone()
         log.outcome(scope, key, row)
         assert (claim[0], row[0]) == ("claimed", "in_progress"), (claim, row)
-        with stale.transaction():
-            stale.execute("INSERT INTO effects VALUES (%s, %s, %s, -3)", [scope, key, claim[2]])
-            stale.execute("SELECT idem_complete(%s, %s, 201, scope => %s, attempt => %s)",
-                          [key, response(-3, claim[2]), scope, claim[2]])
+        complete_with_effect(stale, scope, key, claim[2], -3)
 
     def client(cid, stop):
         r = rng(cid)
@@ -206,10 +208,7 @@ def test_exactly_once_through_the_proxy(four):
                     continue
                 time.sleep(r.uniform(0, 0.06))     # the work, often longer than the lease
                 try:
-                    with px.transaction():
-                        px.execute("INSERT INTO effects VALUES (%s, %s, %s, %s)", [scope, key, attempt, cid])
-                        px.execute("SELECT idem_complete(%s, %s, 201, scope => %s, attempt => %s)",
-                                   [key, response(cid, attempt), scope, attempt])
+                    complete_with_effect(px, scope, key, attempt, cid)
                 except psycopg.Error as e:
                     assert e.sqlstate == "IK002", str(e)
                     fenced.append((scope, key, attempt))
@@ -225,10 +224,7 @@ def test_exactly_once_through_the_proxy(four):
                                  [key, json.dumps({"k": key}), scope]).fetchone()
                 log.outcome(scope, key, row)
                 if row[0] == "claimed":
-                    with px.transaction():
-                        px.execute("INSERT INTO effects VALUES (%s, %s, %s, -1)", [scope, key, row[2]])
-                        px.execute("SELECT idem_complete(%s, %s, 201, scope => %s, attempt => %s)",
-                                   [key, response(-1, row[2]), scope, row[2]])
+                    complete_with_effect(px, scope, key, row[2], -1)
                 if row[0] == "replay" or row[0] == "claimed":
                     break
                 time.sleep(0.02)
