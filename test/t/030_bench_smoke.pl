@@ -88,7 +88,7 @@ ok(-s "$dir/report.tsv", 'the raw results were written next to it');
 # (PostgreSQL 15's run, where scripts/deps --all installs matplotlib); the 17 and 18 chroots carry
 # PostgreSQL and its build tools only, and the plots do not depend on the major.
 SKIP: {
-	skip 'bench/plot: drawn in the run on the host, not in the ' . "$ENV{IDEMPOTENCY_IN_CHROOT}" . ' chroot', 17
+	skip 'bench/plot: drawn in the run on the host, not in the ' . "$ENV{IDEMPOTENCY_IN_CHROOT}" . ' chroot', 19
 	  if $ENV{IDEMPOTENCY_IN_CHROOT};
 	my $img = "$dir/img";
 	my ($plot_out, $plot_err) = ('', '');
@@ -107,6 +107,28 @@ SKIP: {
 		# an empty canvas of that size is about 3 kB as a PNG, empty axes 8 kB; lines, bars and text more
 		ok(-s $file > 20_000, "$png.png holds a drawing (" . (-s $file) . ' bytes)');
 	}
+
+	# The footers name the command as a reader types it in a checkout, not the paths of the
+	# machine that ran it: the sweep's run recorded as if its --output was in this checkout.
+	my $data = "$dir/data";
+	mkdir $data or die "$data: $!";
+	for my $tsv (glob "$root/docs/img/data/*.tsv") {
+		open my $in, '<', $tsv or die "$tsv: $!";
+		my $text = do { local $/; <$in> };
+		close $in;
+		$text =~ s{^command\t.*$}{command\tbench/run --sync-off --output $root/bench/results/sweep.md}m
+		  if $tsv =~ m{/sweep\.meta\.tsv$};
+		open my $outf, '>', "$data/" . ($tsv =~ s{.*/}{}r) or die "$data: $!";
+		print $outf $text;
+		close $outf;
+	}
+	($plot_out, $plot_err) = ('', '');
+	run [ '/usr/bin/python3', "$root/bench/plot", '--results', $data, '--out', "$dir/img2" ], '<', \undef,
+	  '>', \$plot_out, '2>', \$plot_err, timeout(300);
+	like($plot_out, qr{^\Q$dir/img2/sweep.png\E: .*; bench/run --sync-off --output bench/results/sweep\.md;}m,
+		'sweep.png footer: the command with its --output relative to the repository')
+	  or diag("stdout:\n$plot_out\nstderr:\n$plot_err");
+	unlike($plot_out, qr{\Q$root\E/}, "no footer names the checkout's absolute path");
 }
 
 done_testing();
