@@ -80,6 +80,12 @@ func main() {
 	_, err = conn.Exec(ctx, `SELECT * FROM idem_claim($1, request => $2)`, "order-1", `{"sku": "B-2"}`)
 	check(sqlstate(err) == "IK001", "same key, another request: SQLSTATE IK001", err)
 
+	// IK004: the finished key completed again; 22023: a key with a newline (not printable ASCII).
+	_, err = conn.Exec(ctx, `SELECT * FROM idem_complete($1, NULL)`, "order-1")
+	check(sqlstate(err) == "IK004", "the finished key completed again: SQLSTATE IK004", err)
+	_, err = conn.Exec(ctx, `SELECT * FROM idem_claim($1)`, "bad\nkey")
+	check(sqlstate(err) == "22023", "a key with a newline: SQLSTATE 22023", err)
+
 	// Arrays: []string binds as text[] and as jsonb[], [][]byte as bytea[].
 	batchKey := `b-2 {"x\y"}` // quotes, braces, a backslash and a space: escaped by the driver
 	rows, err := conn.Query(ctx, `SELECT key, outcome FROM idem_claim_batch($1, requests => $2)`,

@@ -118,6 +118,21 @@ public final class Jdbc {
                     e.getSQLState());
             }
 
+            // IK004: the finished key completed again; 22023: a key with a newline.
+            String[][] refused = {{"SELECT * FROM idem_complete(?, NULL)", "order-1", "IK004",
+                                   "the finished key completed again: SQLSTATE IK004"},
+                                  {"SELECT * FROM idem_claim(?)", "bad\nkey", "22023",
+                                   "a key with a newline: SQLSTATE 22023"}};
+            for (String[] call : refused) {
+                try (PreparedStatement ps = conn.prepareStatement(call[0])) {
+                    ps.setString(1, call[1]);
+                    ps.executeQuery().close();
+                    check(false, call[3], "no error");
+                } catch (SQLException e) {
+                    check(call[2].equals(e.getSQLState()), call[3], e.getSQLState());
+                }
+            }
+
             // Arrays: createArrayOf("text" / "jsonb" / "bytea", ...).
             String batchKey = "b-2 {\"x\\y\"}";  // quotes, braces, a backslash and a space
             try (PreparedStatement ps = conn.prepareStatement(

@@ -57,6 +57,15 @@ async function main() {
       ["order-1", JSON.stringify({ sku: "B-2" })]));
     check(err?.code === "IK001", "same key, another request: SQLSTATE IK001", err?.code);
 
+    // IK004: the finished key completed again; 22023: a key with a newline.
+    for (const [sql, key, want, what] of [
+      ["SELECT * FROM idem_complete($1, NULL)", "order-1", "IK004", "the finished key completed again"],
+      ["SELECT * FROM idem_claim($1)", "bad\nkey", "22023", "a key with a newline"],
+    ]) {
+      err = await errorOf(client.query(sql, [key]));
+      check(err?.code === want, `${what}: SQLSTATE ${want}`, err?.code);
+    }
+
     // Arrays: a JavaScript array binds as an array literal (elements quoted and escaped; Buffers
     // as bytea hex), so one of strings serves text[] and jsonb[], one of Buffers bytea[].
     const batchKey = 'b-2 {"x\\y"}'; // quotes, braces, a backslash and a space

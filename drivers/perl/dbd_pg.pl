@@ -66,6 +66,14 @@ eval { $dbh->do('SELECT * FROM idem_claim(?, request => ?)', undef, 'order-1', '
     and check(0, 'same key, another request: SQLSTATE IK001', 'no error');
 check($dbh->state eq 'IK001', 'same key, another request: SQLSTATE IK001', $dbh->state) if $@;
 
+# IK004: the finished key completed again; 22023: a key with a newline.
+for my $call (['SELECT * FROM idem_complete(?, NULL)', 'order-1', 'IK004', 'the finished key completed again'],
+              ['SELECT * FROM idem_claim(?)', "bad\nkey", '22023', 'a key with a newline']) {
+    my ($sql, $key, $want, $what) = @$call;
+    my $ok = eval { $dbh->do($sql, undef, $key); 1 };
+    check(!$ok && $dbh->state eq $want, "$what: SQLSTATE $want", $ok ? 'no error' : $dbh->state);
+}
+
 # Arrays: an array reference binds as an array literal (DBD::Pg quotes and escapes the elements).
 # bytea[] elements as hex text ('\x...'): raw bytes in an array would be cut at a NUL too.
 my $batch_key = 'b-2 {"x\y"}';    # quotes, braces, a backslash and a space

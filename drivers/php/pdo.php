@@ -83,6 +83,17 @@ try {
     check($e->getCode() === 'IK001', 'same key, another request: SQLSTATE IK001', $e->getCode());
 }
 
+// IK004: the finished key completed again; 22023: a key with a newline.
+foreach ([['SELECT * FROM idem_complete(?, NULL)', 'order-1', 'IK004', 'the finished key completed again'],
+          ['SELECT * FROM idem_claim(?)', "bad\nkey", '22023', 'a key with a newline']] as [$sql, $key, $want, $what]) {
+    try {
+        rows($pdo, $sql, [$key]);
+        check(false, "$what: SQLSTATE $want", 'no error');
+    } catch (PDOException $e) {
+        check($e->getCode() === $want, "$what: SQLSTATE $want", $e->getCode());
+    }
+}
+
 // Arrays: an array literal built by hand (pg_array_literal above); bytea[] elements as hex text.
 $batchKey = 'b-2 {"x\y"}'; // quotes, braces, a backslash and a space
 $keys = ['b-1', $batchKey];

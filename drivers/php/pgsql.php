@@ -80,6 +80,13 @@ $res = query_result($conn, 'SELECT * FROM idem_claim($1, request => $2)', ['orde
 check(pg_result_error_field($res, PGSQL_DIAG_SQLSTATE) === 'IK001', 'same key, another request: SQLSTATE IK001',
       pg_result_error($res));
 
+// IK004: the finished key completed again; 22023: a key with a newline.
+foreach ([['SELECT * FROM idem_complete($1, NULL)', 'order-1', 'IK004', 'the finished key completed again'],
+          ['SELECT * FROM idem_claim($1)', "bad\nkey", '22023', 'a key with a newline']] as [$sql, $key, $want, $what]) {
+    $res = query_result($conn, $sql, [$key]);
+    check(pg_result_error_field($res, PGSQL_DIAG_SQLSTATE) === $want, "$what: SQLSTATE $want", pg_result_error($res));
+}
+
 // Arrays: an array literal built by hand (pg_array_literal above); bytea[] elements as hex text.
 $batchKey = 'b-2 {"x\y"}'; // quotes, braces, a backslash and a space
 $res = pg_query_params($conn, 'SELECT key, outcome FROM idem_claim_batch($1, requests => $2)',

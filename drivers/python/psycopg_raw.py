@@ -26,7 +26,7 @@ def check(ok: bool, what: str, got: object = None) -> None:
 def main() -> int:
     all_bytes = bytes(range(256))
     with psycopg.connect(autocommit=True) as conn:
-        # jsonb: Jsonb(value) (a str is sent untyped and works too); enums come back as str.
+        # jsonb: Jsonb(value); enums come back as str.
         row = conn.execute("SELECT outcome, state, attempt FROM idem_claim(%s, request => %s)",
                            ("order-1", Jsonb({"sku": "A-1", "qty": 2}))).fetchone()
         check(row == ("claimed", "pending", 1),
@@ -53,6 +53,16 @@ def main() -> int:
             check(False, "same key, another request: SQLSTATE IK001", "no error")
         except psycopg.Error as e:
             check(e.sqlstate == "IK001", "same key, another request: SQLSTATE IK001", e.sqlstate)
+
+        # IK004: the finished key completed again; 22023: a key with a newline.
+        for sql, key, want, what in (("SELECT * FROM idem_complete(%s, NULL)", "order-1", "IK004",
+                                      "the finished key completed again"),
+                                     ("SELECT * FROM idem_claim(%s)", "bad\nkey", "22023", "a key with a newline")):
+            try:
+                conn.execute(sql, (key,))
+                check(False, f"{what}: SQLSTATE {want}", "no error")
+            except psycopg.Error as e:
+                check(e.sqlstate == want, f"{what}: SQLSTATE {want}", e.sqlstate)
 
         # Arrays: a list of str binds as text[], of Jsonb as jsonb[], of bytes as bytea[].
         batch_key = 'b-2 {"x\\y"}'  # quotes, braces, a backslash and a space

@@ -59,6 +59,16 @@ rescue PG::Error => e
         e.message)
 end
 
+# IK004: the finished key completed again; 22023: a key with a newline.
+[['SELECT * FROM idem_complete($1, NULL)', 'order-1', 'IK004', 'the finished key completed again'],
+ ['SELECT * FROM idem_claim($1)', "bad\nkey", '22023', 'a key with a newline']].each do |sql, key, want, what|
+  conn.exec_params(sql, [key])
+  check(false, "#{what}: SQLSTATE #{want}", 'no error')
+rescue PG::Error => e
+  sqlstate = e.result.error_field(PG::PG_DIAG_SQLSTATE)
+  check(sqlstate == want, "#{what}: SQLSTATE #{want}", sqlstate)
+end
+
 # Arrays: PG::TextEncoder::Array writes the array literal (quoting and escaping the elements);
 # with a PG::TextEncoder::Bytea for the elements, a bytea[].
 text_array = PG::TextEncoder::Array.new
