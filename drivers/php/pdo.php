@@ -48,11 +48,15 @@ check($r['outcome'] === 'claimed' && $r['state'] === 'pending' && $r['attempt'] 
       'claim: outcome claimed, state pending, attempt 1 (enums read as text)', $r);
 
 // A body bound as a string (PDO::PARAM_STR, execute's array) goes as text: cut at its first NUL.
-$sent = "ab\0cd\xff";
-rows($pdo, 'SELECT * FROM idem_claim(?)', ['plain-6']);
-rows($pdo, 'SELECT * FROM idem_complete(?, NULL, 200, body => ?)', ['plain-6', $sent]);
-$stored = bytea(rows($pdo, 'SELECT response_body FROM idem_lookup(?)', ['plain-6'])[0]['response_body']);
-check($stored === 'ab', 'a 6-byte body bound as a string is stored cut at its first NUL (2 bytes)', $stored);
+foreach (["ab\0cd\xff", $allBytes] as $sent) {
+    $key = 'plain-' . strlen($sent);
+    rows($pdo, 'SELECT * FROM idem_claim(?)', [$key]);
+    rows($pdo, 'SELECT * FROM idem_complete(?, NULL, 200, body => ?)', [$key, $sent]);
+    $stored = bytea(rows($pdo, 'SELECT response_body FROM idem_lookup(?)', [$key])[0]['response_body']);
+    check($stored !== $sent && strlen($stored) === strpos($sent, "\0"),
+          sprintf('a %d-byte body bound as a string is stored cut at its first NUL (%d bytes)',
+                  strlen($sent), strlen($stored)), strlen((string) $stored));
+}
 
 // bytea: bindValue(..., PDO::PARAM_LOB) sends the bytes as they are.
 $st = $pdo->prepare('SELECT state FROM idem_complete(?, ?, 201, attempt => ?, body => ?)');
