@@ -42,14 +42,13 @@ func main() {
 		fmt.Println("FAILED: connect:", err)
 		os.Exit(1)
 	}
-	defer conn.Close(ctx)
 
 	allBytes := make([]byte, 256)
 	for i := range allBytes {
 		allBytes[i] = byte(i)
 	}
 
-	// jsonb: a string (or []byte of JSON) binds as jsonb; enums scan into a string.
+	// jsonb: a string binds as jsonb; enums scan into a string.
 	var outcome, state string
 	var attempt int32
 	err = conn.QueryRow(ctx, `SELECT outcome, state, attempt FROM idem_claim($1, request => $2)`,
@@ -124,6 +123,7 @@ func main() {
 	check(errors.As(err, &pgErr) && pgErr.Code == "IK001" && pgErr.ColumnName == batchKey,
 		"batch with a reused key: IK001, ColumnName is the failing key", err)
 
+	conn.Close(ctx)
 	if failures > 0 {
 		os.Exit(1)
 	}
