@@ -30,6 +30,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 SERVER = "idempotency"
@@ -164,7 +165,6 @@ class Progress:
         self.db: "Database | None" = None     # the database being worked on, if any
         self.changed = False                  # a NEW partition was configured (step 1)
         self.given_up: list[int] = []         # old partitions whose step 4 committed
-        self.proxies_left = 0                 # proxies still routing by N (from step 6)
         self.switched = False                 # every proxy routes by 2N
         self.hook = False                     # a --hook has a cleanup phase to run after step 6
 
@@ -312,11 +312,11 @@ def reshard(proxy_dsns, new_dsns: list[str], server: str = SERVER, lock_timeout:
         proxy_dsns = [proxy_dsns]
     new_dsns = list(new_dsns)
     opened: list[Database] = []
+    interrupts = None
     progress = Progress()
     progress.hook = bool(hook)
 
     def open_db(role, dsn):
-        progress.at(progress.doing, None)
         db = Database(role, dsn)
         opened.append(db)
         return db
@@ -343,15 +343,15 @@ def reshard(proxy_dsns, new_dsns: list[str], server: str = SERVER, lock_timeout:
         progress.switched = not plan["to_copy"] and not plan["to_accept"] and all(len(d) == 2 * n for d in lists)
         return _move(plan, proxies, lists, old, new, new_dsns, server, lock_timeout, log, hook, progress)
     except (Exception, KeyboardInterrupt, SystemExit) as error:
-        # a second Ctrl-C must not cut the message short
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            raise stopped(progress, error, len(new_dsns), lock_timeout) from error
-        finally:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        # a second Ctrl-C must not cut the message short (nor the closing of the connections)
+        if threading.current_thread() is threading.main_thread():
+            interrupts = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise stopped(progress, error, len(new_dsns), lock_timeout) from error
     finally:
         for db in opened:
             db.close()
+        if interrupts is not None:
+            signal.signal(signal.SIGINT, interrupts)
 
 
 def resharding_identity(old, new) -> str:
@@ -645,6 +645,11 @@ def main(argv: list[str]) -> int:
             command += [masked(dsn) for dsn in args.new_dsns]
             print(f"{stop}\n  {shlex.join(command)}", file=sys.stderr)
             return 130 if stop.interrupted else 1
+        except KeyboardInterrupt:
+            # before the resharding began, or a second Ctrl-C while it was ending
+            print("reshard interrupted; run the same command again: it checks what is left and finishes it",
+                  file=sys.stderr)
+            return 130
     return 0
 
 
