@@ -1,4 +1,5 @@
 #include "access/catalog.hpp"
+#include "common/compat.hpp"
 
 namespace idem {
 
@@ -180,7 +181,7 @@ catalog_privileges(Oid user)
 }
 
 static void
-forget_privileges(Datum, int, uint32)
+forget_privileges(Datum, compat::SyscacheId, uint32)
 {
 	acl_user = InvalidOid;
 }

@@ -313,7 +313,7 @@ keytable_find_own_last(KeyTable *kt, Datum scope, Datum key)
 	// versions that earlier completions left dead are not removed, and new keys go to new pages.
 	// Before the fetch, since pruning may move tuples within the page.
 	Buffer buffer = ReadBuffer(kt->rel, ItemPointerGetBlockNumber(&tid));
-	heap_page_prune_opt(kt->rel, buffer);
+	compat::prune_page(kt->rel, buffer);
 	ReleaseBuffer(buffer);
 	if (!table_tuple_fetch_row_version(kt->rel, &tid, &dirty, kt->found))
 		return false;
@@ -529,8 +529,8 @@ TM_Result
 keytable_delete(KeyTable *kt)
 {
 	TM_FailureData tmfd;
-	TM_Result result = table_tuple_delete(kt->rel, &kt->found->tts_tid, GetCurrentCommandId(true),
-	                                      statement_snapshot(), InvalidSnapshot, true, &tmfd, false);
+	TM_Result result = compat::tuple_delete(kt->rel, &kt->found->tts_tid, GetCurrentCommandId(true),
+	                                        statement_snapshot(), InvalidSnapshot, true, &tmfd);
 	switch (result)
 	{
 		case TM_Ok:
@@ -558,9 +558,8 @@ bool
 keytable_delete_unless_busy(KeyTable *kt)
 {
 	TM_FailureData tmfd;
-	TM_Result result = table_tuple_delete(kt->rel, &kt->found->tts_tid, GetCurrentCommandId(true),
-	                                      statement_snapshot(), InvalidSnapshot, false, &tmfd,
-	                                      false);
+	TM_Result result = compat::tuple_delete(kt->rel, &kt->found->tts_tid, GetCurrentCommandId(true),
+	                                        statement_snapshot(), InvalidSnapshot, false, &tmfd);
 	return result == TM_Ok;
 }
 

@@ -6,6 +6,7 @@
 
 extern "C" {
 #include "utils/array.h"
+#include "utils/tuplestore.h"
 }
 
 namespace {

@@ -9,6 +9,7 @@
 
 extern "C" {
 #include "catalog/pg_authid.h"
+#include "utils/tuplestore.h"
 }
 
 using namespace idem;

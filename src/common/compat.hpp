@@ -1,4 +1,4 @@
-// What differs between the PostgreSQL majors this extension builds against (15, 16, 17, 18),
+// What differs between the PostgreSQL majors this extension builds against (15, 16, 17, 18, 19),
 // as small wrappers named for what the caller does; the callers stay free of PG_VERSION_NUM.
 // 16 follows the lines written for it but is built by users, not tested here (README).
 #pragma once
@@ -8,13 +8,16 @@ extern "C" {
 
 #include "access/brin_revmap.h"
 #include "access/genam.h"
+#include "access/heapam.h"
 #include "access/tableam.h"
 #include "miscadmin.h"
 #include "nodes/execnodes.h"
 #include "storage/lmgr.h"
 #include "storage/proc.h"
+#include "storage/shmem.h"
 #include "utils/acl.h"
 #include "utils/rel.h"
+#include "utils/syscache.h"
 #if PG_VERSION_NUM >= 160000
 #include "catalog/pg_database_d.h"
 #endif
@@ -50,6 +53,20 @@ same_storage(const Storage &a, const Storage &b)
 }
 #endif
 
+// ---- heap deletes and updates (19 took a bitmask of options in place of delete's changingPart:
+// none here, as before)
+
+inline TM_Result
+tuple_delete(Relation rel, ItemPointer tid, CommandId cid, Snapshot snapshot, Snapshot crosscheck,
+             bool wait, TM_FailureData *tmfd)
+{
+#if PG_VERSION_NUM >= 190000
+	return table_tuple_delete(rel, tid, cid, 0, snapshot, crosscheck, wait, tmfd);
+#else
+	return table_tuple_delete(rel, tid, cid, snapshot, crosscheck, wait, tmfd, false);
+#endif
+}
+
 // ---- which index entries a heap update needs
 
 // From 16 an update may be HOT for the ordinary indexes and still need entries in the summarizing
@@ -63,8 +80,13 @@ tuple_update(Relation rel, ItemPointer otid, TupleTableSlot *slot, CommandId cid
 {
 #if PG_VERSION_NUM >= 160000
 	TU_UpdateIndexes update = TU_None;
+#if PG_VERSION_NUM >= 190000
+	TM_Result result = table_tuple_update(rel, otid, slot, cid, 0, snapshot, crosscheck, wait, tmfd,
+	                                      lockmode, &update);
+#else
 	TM_Result result = table_tuple_update(rel, otid, slot, cid, snapshot, crosscheck, wait, tmfd,
 	                                      lockmode, &update);
+#endif
 	*entries = update == TU_All           ? NewIndexEntries::all
 	           : update == TU_Summarizing ? NewIndexEntries::summarizing_only
 	                                      : NewIndexEntries::none;
@@ -86,6 +108,22 @@ index_summarizes(Relation index)
 #else
 	(void) index;
 	return false;
+#endif
+}
+
+// ---- pruning a heap page on access (19 may also set the page all-visible then, in the visibility
+// map, but only when the statement does not modify the table: ours do, so it never does here)
+
+inline void
+prune_page(Relation rel, Buffer buffer)
+{
+#if PG_VERSION_NUM >= 190000
+	Buffer vm_buffer = InvalidBuffer;
+	heap_page_prune_opt(rel, buffer, &vm_buffer, false);
+	if (BufferIsValid(vm_buffer))
+		ReleaseBuffer(vm_buffer);
+#else
+	heap_page_prune_opt(rel, buffer);
 #endif
 }
 
@@ -119,12 +157,15 @@ end_row_index_inserts(Relation index, IndexInfo *info)
 #endif
 }
 
-// ---- index scans (18 added an instrumentation argument: none here)
+// ---- index scans (18 added an instrumentation argument: none here; 19 scan options: none, since
+// SO_HINT_REL_READ_ONLY would claim that the statement does not modify the table, and ours do)
 
 inline IndexScanDesc
 begin_index_scan(Relation heap, Relation index, Snapshot snapshot, int nkeys, int norderbys)
 {
-#if PG_VERSION_NUM >= 180000
+#if PG_VERSION_NUM >= 190000
+	return index_beginscan(heap, index, snapshot, nullptr, nkeys, norderbys, SO_NONE);
+#elif PG_VERSION_NUM >= 180000
 	return index_beginscan(heap, index, snapshot, nullptr, nkeys, norderbys);
 #else
 	return index_beginscan(heap, index, snapshot, nkeys, norderbys);
@@ -141,12 +182,15 @@ begin_index_bitmap_scan(Relation index, Snapshot snapshot, int nkeys)
 #endif
 }
 
-// ---- bitmap heap scans (17 asks whether the tuples are needed: they are)
+// ---- bitmap heap scans (17 asks whether the tuples are needed: they are; 19 takes scan options:
+// none, the sweep deletes what it finds)
 
 inline TableScanDesc
 begin_bitmap_heap_scan(Relation rel, Snapshot snapshot)
 {
-#if PG_VERSION_NUM >= 170000 && PG_VERSION_NUM < 180000
+#if PG_VERSION_NUM >= 190000
+	return table_beginscan_bm(rel, snapshot, 0, nullptr, SO_NONE);
+#elif PG_VERSION_NUM >= 170000 && PG_VERSION_NUM < 180000
 	return table_beginscan_bm(rel, snapshot, 0, nullptr, true);
 #else
 	return table_beginscan_bm(rel, snapshot, 0, nullptr);
@@ -199,6 +243,26 @@ proc_number(const PGPROC *proc)
 	return proc->pgprocno;
 #endif
 }
+
+// ---- shared memory (19 sizes a shared hash table once: no initial size apart from the maximum)
+
+inline HTAB *
+init_shmem_hash(const char *name, long max_entries, HASHCTL *info, int flags)
+{
+#if PG_VERSION_NUM >= 190000
+	return ShmemInitHash(name, max_entries, info, flags);
+#else
+	return ShmemInitHash(name, max_entries, max_entries, info, flags);
+#endif
+}
+
+// ---- catalog cache invalidation (19 names the cache of a callback by its enum, not an int)
+
+#if PG_VERSION_NUM >= 190000
+using SyscacheId = SysCacheIdentifier;
+#else
+using SyscacheId = int;
+#endif
 
 // ---- privileges
 

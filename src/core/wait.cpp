@@ -7,6 +7,7 @@ extern "C" {
 #include "pgstat.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
+#include "storage/lwlock.h"
 #include "storage/shmem.h"
 }
 

@@ -169,8 +169,8 @@ scope_shmem_startup()
 	info.entrysize = sizeof(ScopeEntry);
 	info.hash = scope_key_hash;
 	info.match = scope_key_match;
-	scopes = ShmemInitHash("idempotency scope stats hash", n, n, &info,
-	                       HASH_ELEM | HASH_FUNCTION | HASH_COMPARE);
+	scopes = compat::init_shmem_hash("idempotency scope stats hash", n, &info,
+	                                 HASH_ELEM | HASH_FUNCTION | HASH_COMPARE);
 	LWLockRelease(AddinShmemInitLock);
 }
 

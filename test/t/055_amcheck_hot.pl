@@ -6,7 +6,7 @@
 # (pg_stat_user_tables.n_tup_hot_upd, heap-only tuples on the page), that no primary-key entry
 # points to a heap-only tuple (pageinspect), that amcheck finds the b-tree, its heap and (17 on)
 # its uniqueness sound, and that the BRIN summary covers the new expiry (a BRIN-only scan finds
-# the keys). amcheck up to 18 has no BRIN check of its own, and its b-tree checks do not notice a
+# the keys). amcheck up to 19 has no BRIN check of its own, and its b-tree checks do not notice a
 # primary-key entry for a heap-only tuple (a build of the extension that wrote one for every
 # summarizing-only update passed them all on 18; only the pageinspect check failed): hence both.
 use strict;
