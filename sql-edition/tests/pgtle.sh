@@ -8,7 +8,8 @@
 # owner (not a superuser) creates the extension; the next version comes as pg_tle ships one
 # (its full script, the update path, the new default) and the owner updates to it; drop and
 # create again. An intruder (no pgtle_admin, not the owner) can neither install, replace nor
-# uninstall the extension, nor change its functions. Last line: "N passed, N failed".
+# uninstall the extension, nor change its functions. The reaper is scheduled with pg_cron
+# (idem_schedule_reaper) by the owner. Last line: "N passed, N failed".
 set -uo pipefail
 OUT=$1 SRC=$2
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -85,6 +86,23 @@ expect "the extension is at $B, still the SQL edition, with as many members" "$B
   "SELECT extversion, idem_edition(), ($members) FROM pg_extension WHERE extname = 'idempotency'"
 expect "the key claimed before the update replays after it" "replay|{\"id\": 1}" tle_owner tle_db \
   "SELECT outcome, response FROM idem_claim('pay-1', request => '{\"a\": 1}')"
+
+# the reaper through pg_cron (cron.database_name is this database): a superuser's pg_cron, the
+# owner schedules, the job's command reaps as the owner, and unschedules
+# (pg_cron's schedule_in_database needs its EXECUTE grant)
+setup=$(as postgres tle_db -c "CREATE EXTENSION pg_cron" -c "GRANT USAGE ON SCHEMA cron TO tle_owner, tle_intruder" \
+          -c "GRANT EXECUTE ON FUNCTION cron.schedule_in_database TO tle_owner" 2>&1) ||
+  not_ok "pg_cron in tle_db" "$setup"
+job=$(as tle_owner tle_db -c "SELECT idem_schedule_reaper('*/5 * * * *')" 2>&1)
+expect "the owner schedules the reaper with pg_cron (idem_schedule_reaper)" \
+  "*/5 * * * *|CALL public.idem_reap_all()|tle_db|tle_owner" tle_owner tle_db \
+  "SELECT schedule, command, database, username FROM cron.job WHERE jobid = '$job'"
+runs "the job's command runs as the owner (it commits: outside a transaction)" tle_owner tle_db \
+  -c "$(as tle_owner tle_db -c "SELECT command FROM cron.job WHERE jobid = '$job'" 2>&1)"
+expect "an intruder does not see the owner's job (cron.job's row security)" "f" tle_intruder tle_db \
+  "SELECT EXISTS (SELECT FROM cron.job WHERE jobid = '$job')"
+expect "the owner unschedules it (idem_unschedule_reaper)" "t
+0" tle_owner tle_db "SELECT idem_unschedule_reaper(); SELECT count(*) FROM cron.job"
 
 runs "the owner drops the extension and creates it again" tle_owner tle_db \
   -c "DROP EXTENSION idempotency" -c "CREATE EXTENSION idempotency"
