@@ -3,6 +3,7 @@
 #include "access/rowsecurity.hpp"
 #include "access/writememo.hpp"
 #include "common/pg.hpp"
+#include "common/preload.hpp"
 #include "common/settings.hpp"
 #include "core/wait.hpp"
 #include "stats/dbstats.hpp"
@@ -22,6 +23,7 @@ _PG_init(void)
 	if (IsBinaryUpgrade)
 		return;
 	idem::define_settings();
+	idem::preload_note_loading();
 	idem::catalog_register_invalidation();
 	idem::rowsecurity_register_invalidation();
 	idem::writememo_register_callbacks();

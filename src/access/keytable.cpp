@@ -92,6 +92,33 @@ open_indexes(KeyTable *kt)
 	kt->written_isnull = (bool *) palloc(sizeof(bool) * desc->natts);
 }
 
+// PostgreSQL's own error for the equivalent SQL (42501, "permission denied for table"), with the
+// grant that fixes it: the privileges this call needs, by name (docs/security.md).
+static void
+missing_privileges(const KeyTable *kt, AclMode needed, const char *caller)
+{
+	static const struct
+	{
+		AclMode mode;
+		const char *name;
+	} names[] = {{ACL_SELECT, "SELECT"}, {ACL_INSERT, "INSERT"}, {ACL_UPDATE, "UPDATE"}, {ACL_DELETE, "DELETE"}};
+	StringInfoData list;
+	initStringInfo(&list);
+	for (const auto &n : names)
+	{
+		if (needed & n.mode)
+			appendStringInfo(&list, "%s%s", list.len > 0 ? ", " : "", n.name);
+	}
+	const char *table =
+	    quote_qualified_identifier(get_namespace_name(kt->catalog.namespace_oid), RelationGetRelationName(kt->rel));
+	ereport(ERROR, (errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+	                errmsg("permission denied for table %s", RelationGetRelationName(kt->rel)),
+	                errhint("%s needs %s on %s: GRANT %s ON %s TO %s (or to a role it inherits from; "
+	                        "docs/security.md, \"Granting access\").",
+	                        caller, list.data, table, list.data, table,
+	                        quote_identifier(GetUserNameFromId(GetUserId(), false)))));
+}
+
 bool
 keytable_open(KeyTable *kt, Access access, const char *caller)
 {
@@ -106,7 +133,7 @@ keytable_open(KeyTable *kt, Access access, const char *caller)
 
 	AclMode needed = privileges_for(access);
 	if ((catalog_privileges(GetUserId()) & needed) != needed)
-		aclcheck_error(ACLCHECK_NO_PRIV, OBJECT_TABLE, RelationGetRelationName(kt->rel));
+		missing_privileges(kt, needed, caller);
 
 	rowsecurity_require_in_force(kt->rel, kt->catalog.namespace_oid);
 

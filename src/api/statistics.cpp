@@ -3,6 +3,7 @@
 #include "access/catalog.hpp"
 #include "access/rowsecurity.hpp"
 #include "common/guard.hpp"
+#include "common/preload.hpp"
 #include "stats/dbstats.hpp"
 #include "stats/scopestats.hpp"
 
@@ -36,6 +37,8 @@ IDEM_SQL_FUNCTION(idem_stats_get)
 	bool nulls[idem_stats_columns];
 	uint64 total[num_counters];
 	bool counted = db_stats_counts(total);
+	if (!counted)
+		preload_notice_if_missing();
 	int col = 0;
 	for (Counter c : idem_stats_counters)
 	{
@@ -115,6 +118,8 @@ IDEM_SQL_FUNCTION(idem_scope_stats_get)
 	ReturnSetInfo *rsinfo = reinterpret_cast<ReturnSetInfo *>(fcinfo->resultinfo);
 	if (rsinfo->setDesc->natts != scope_stats_columns)
 		elog(ERROR, "idempotency: idem_scope_stats_get() must return %d columns", scope_stats_columns);
+	if (!scope_stats_enabled())
+		preload_notice_if_missing();
 	if (!scope_stats_enabled() || !sees_all_scopes())
 		PG_RETURN_VOID();
 	scope_stats_each(put_scope_row, rsinfo);

@@ -1,5 +1,7 @@
 #include "core/wait.hpp"
 
+#include "common/preload.hpp"
+
 extern "C" {
 #include "common/hashfn.h"
 #include "pgstat.h"
@@ -144,6 +146,7 @@ waiter_sleep(Waiter *w, TimestampTz lease_end)
 	{
 		// Nothing can wake us before a timeout: wait only for what the clock decides, a lease
 		// that ends before the deadline (then the key is taken over or found finished).
+		preload_notice_if_missing();
 		if (lease_end > w->deadline)
 			return false;
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,

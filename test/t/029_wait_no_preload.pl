@@ -30,7 +30,10 @@ is( sql(q{SELECT outcome || ' ' || inserted || ' ' || attempt FROM idem_claim('s
 # and the owner to finish within it, even on a slow machine)
 sql(q{SELECT idem_claim('done', '{"a": 1}', lease => '15 s')});
 my $waiter = $node->background_psql('postgres');
+# (without the NOTICE that the library is not preloaded, test 015's: query_safe takes any output on
+# stderr for an error)
 $waiter->query_until(qr/started/, q{
+SET client_min_messages = warning;
 \echo started
 SELECT outcome || ' ' || attempt || ' ' || coalesce(response ->> 'ok', '-') AS answer
   FROM idem_claim('done', '{"a": 1}', wait => '1 min') \gset
