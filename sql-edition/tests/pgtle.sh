@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The pg_tle route, as Amazon RDS, Aurora and Supabase offer it: against a running cluster that
+# preloads pg_tle and has no file of the C edition (sql-edition/tests/routes starts it).
+#
+#   pgtle.sh OUT SRC      OUT: sql-edition/build's output; SRC: sql-edition/src
+#
+# A member of pgtle_admin (not a superuser) runs the generated install script; the database's
+# owner (not a superuser) creates the extension; the next version comes as pg_tle ships one
+# (its full script, the update path, the new default) and the owner updates to it; drop and
+# create again. An intruder (no pgtle_admin, not the owner) can neither install, replace nor
+# uninstall the extension, nor change its functions. The reaper is scheduled with pg_cron
+# (idem_schedule_reaper) by the owner. Last line: "N passed, N failed".
+set -uo pipefail
+OUT=$1 SRC=$2
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+script=$(ls "$OUT"/pg_tle/idempotency--*.sql | grep -v -- '--.*--' | head -n 1)
+A=$(basename "$script" .sql); A=${A#idempotency--}
+# the next version, made from the same source the way a release ships one for pg_tle
+B=$A-next
+next=$OUT/pg_tle-next.sql
+{
+  echo "SELECT pgtle.install_extension_version_sql('idempotency', '$B', \$_pgtle_\$"
+  sed -n '/^\$_pgtle_\$$/,/^\$_pgtle_\$);$/p' "$script" | sed '1d;$d'
+  echo "\$_pgtle_\$);"
+  # the update script: the API's functions replaced in place (what a release that changes
+  # function bodies only carries); the keys stay
+  echo "SELECT pgtle.install_update_path('idempotency', '$A', '$B', \$_pgtle_\$"
+  sed -e 's/^CREATE FUNCTION /CREATE OR REPLACE FUNCTION /' \
+      -e 's/^CREATE PROCEDURE /CREATE OR REPLACE PROCEDURE /' "$SRC"/30-api.sql
+  echo "\$_pgtle_\$);"
+  echo "SELECT pgtle.set_default_version('idempotency', '$B');"
+} >"$next"
+grep -q "CREATE OR REPLACE FUNCTION" "$next" || { not_ok "the next version's update script"; summary; exit 1; }
+
+# pg_tle itself (it makes the role pgtle_admin): a superuser's step (on RDS and Aurora,
+# rds_superuser's)
+if ! setup=$(as postgres postgres -c "CREATE ROLE tle_admin LOGIN" \
+      -c "CREATE ROLE tle_owner LOGIN" -c "CREATE ROLE tle_intruder LOGIN" \
+      -c "CREATE DATABASE tle_db OWNER tle_owner" 2>&1 &&
+    as postgres tle_db -c "CREATE EXTENSION pg_tle" -c "GRANT pgtle_admin TO tle_admin" 2>&1); then
+  not_ok "roles, database and pg_tle" "$setup"; summary; exit 1
+fi
+
+expect "the installing role is in pgtle_admin and is no superuser" "t|f" tle_admin tle_db \
+  "SELECT pg_has_role('pgtle_admin', 'MEMBER'), rolsuper FROM pg_roles WHERE rolname = current_user"
+refused "a role without pgtle_admin cannot run the install script" 42501 tle_intruder tle_db -f "$script"
+runs "pgtle_admin runs the generated install script" tle_admin tle_db -f "$script"
+expect "pg_tle lists idempotency $A" "$A" tle_owner tle_db \
+  "SELECT default_version FROM pgtle.available_extensions() WHERE name = 'idempotency'"
+refused "a role without pgtle_admin cannot replace the install script" 42501 tle_intruder tle_db \
+  -c "SELECT pgtle.install_extension('idempotency', '$A', 'x', 'SELECT 1')"
+refused "... nor add a version" 42501 tle_intruder tle_db \
+  -c "SELECT pgtle.install_extension_version_sql('idempotency', '9.9', 'SELECT 1')"
+refused "... nor an update path" 42501 tle_intruder tle_db \
+  -c "SELECT pgtle.install_update_path('idempotency', '$A', '9.9', 'SELECT 1')"
+refused "... nor uninstall it" 42501 tle_intruder tle_db -c "SELECT pgtle.uninstall_extension('idempotency')"
+refused "... nor write pg_tle's schema directly" 42501 tle_intruder tle_db \
+  -c "CREATE FUNCTION pgtle.\"idempotency--9.9.sql\"() RETURNS text LANGUAGE sql AS 'SELECT 1'"
+
+runs "the database owner (no superuser) creates the extension" tle_owner tle_db -c "CREATE EXTENSION idempotency"
+expect "the extension belongs to the owner, version $A" "tle_owner|$A" tle_owner tle_db \
+  "SELECT extowner::regrole, extversion FROM pg_extension WHERE extname = 'idempotency'"
+expect "idem_edition() answers sql" sql tle_owner tle_db "SELECT idem_edition()"
+expect "a claim cycle: claimed, succeeded, replay of the response" "claimed|t
+succeeded|201
+replay|{\"id\": 1}|201" tle_owner tle_db \
+  "SELECT outcome, inserted FROM idem_claim('pay-1', request => '{\"a\": 1}');
+   SELECT state, response_code FROM idem_complete('pay-1', '{\"id\": 1}', 201);
+   SELECT outcome, response, response_code FROM idem_claim('pay-1', request => '{\"a\": 1}')"
+
+refused "an intruder cannot replace an installed function" 42501 tle_intruder tle_db \
+  -c "CREATE OR REPLACE FUNCTION public.idem_edition() RETURNS text LANGUAGE sql AS \$\$SELECT 'c'\$\$"
+refused "... nor take it over" 42501 tle_intruder tle_db -c "ALTER FUNCTION public.idem_edition() OWNER TO tle_intruder"
+refused "... nor update the extension" 42501 tle_intruder tle_db -c "ALTER EXTENSION idempotency UPDATE"
+refused "... nor drop it" 42501 tle_intruder tle_db -c "DROP EXTENSION idempotency"
+refused "... nor read the keys" 42501 tle_intruder tle_db -c "SELECT count(*) FROM idem_keys"
+members="SELECT count(*) FROM pg_depend WHERE refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency') AND deptype = 'e'"
+before=$(as tle_owner tle_db -c "$members" 2>&1)
+
+refused "a role without pgtle_admin cannot ship the next version" 42501 tle_intruder tle_db -f "$next"
+runs "pgtle_admin installs the next version $B, the update path and the new default" tle_admin tle_db -f "$next"
+runs "the owner updates the extension (ALTER EXTENSION idempotency UPDATE)" tle_owner tle_db \
+  -c "ALTER EXTENSION idempotency UPDATE"
+expect "the extension is at $B, still the SQL edition, with as many members" "$B|sql|$before" tle_owner tle_db \
+  "SELECT extversion, idem_edition(), ($members) FROM pg_extension WHERE extname = 'idempotency'"
+expect "the key claimed before the update replays after it" "replay|{\"id\": 1}" tle_owner tle_db \
+  "SELECT outcome, response FROM idem_claim('pay-1', request => '{\"a\": 1}')"
+
+# the reaper through pg_cron (cron.database_name is this database): a superuser's pg_cron, the
+# owner schedules, the job's command reaps as the owner, and unschedules
+# (pg_cron's schedule_in_database needs its EXECUTE grant)
+setup=$(as postgres tle_db -c "CREATE EXTENSION pg_cron" -c "GRANT USAGE ON SCHEMA cron TO tle_owner, tle_intruder" \
+          -c "GRANT EXECUTE ON FUNCTION cron.schedule_in_database TO tle_owner" 2>&1) ||
+  not_ok "pg_cron in tle_db" "$setup"
+job=$(as tle_owner tle_db -c "SELECT idem_schedule_reaper('*/5 * * * *')" 2>&1)
+expect "the owner schedules the reaper with pg_cron (idem_schedule_reaper)" \
+  "*/5 * * * *|CALL public.idem_reap_all()|tle_db|tle_owner" tle_owner tle_db \
+  "SELECT schedule, command, database, username FROM cron.job WHERE jobid = '$job'"
+runs "the job's command runs as the owner (it commits: outside a transaction)" tle_owner tle_db \
+  -c "$(as tle_owner tle_db -c "SELECT command FROM cron.job WHERE jobid = '$job'" 2>&1)"
+expect "an intruder does not see the owner's job (cron.job's row security)" "f" tle_intruder tle_db \
+  "SELECT EXISTS (SELECT FROM cron.job WHERE jobid = '$job')"
+expect "the owner unschedules it (idem_unschedule_reaper)" "t
+0" tle_owner tle_db "SELECT idem_unschedule_reaper(); SELECT count(*) FROM cron.job"
+
+runs "the owner drops the extension and creates it again" tle_owner tle_db \
+  -c "DROP EXTENSION idempotency" -c "CREATE EXTENSION idempotency"
+expect "created again at the default version $B, the SQL edition, a fresh claim" "$B|sql
+claimed|t" tle_owner tle_db \
+  "SELECT extversion, idem_edition() FROM pg_extension WHERE extname = 'idempotency';
+   SELECT outcome, inserted FROM idem_claim('pay-1', request => '{\"a\": 1}')"
+
+summary

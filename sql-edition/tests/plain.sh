@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The plain-SQL route (providers without pg_tle): the generated file for `psql -f`, run by the
+# database's owner (not a superuser) into a schema of its own, against a running cluster with no
+# file of the C edition (sql-edition/tests/routes starts it).
+#
+#   plain.sh OUT DENIED   OUT: sql-edition/build OUT --schema idem;
+#                         DENIED: sql-edition/build DENIED --schema idem_denied
+#
+# Run twice (the second run changes nothing); the version table; idem_edition() and a claim
+# cycle; a role without CREATE on the database fails cleanly and leaves nothing behind; an
+# intruder cannot change the installed functions. Last line: "N passed, N failed".
+set -uo pipefail
+OUT=$1 DENIED=$2
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+file=$(ls "$OUT"/plain/idempotency-*.sql | head -n 1)
+denied=$(ls "$DENIED"/plain/idempotency-*.sql | head -n 1)
+V=$(basename "$file" .sql); V=${V#idempotency-}
+
+if ! setup=$(as postgres postgres -c "CREATE ROLE plain_owner LOGIN" -c "CREATE ROLE plain_intruder LOGIN" \
+      -c "CREATE DATABASE plain_db OWNER plain_owner" 2>&1); then
+  not_ok "roles and database" "$setup"; summary; exit 1
+fi
+
+objects="SELECT (SELECT count(*) FROM pg_proc WHERE pronamespace = 'idem'::regnamespace)
+             || '/' || (SELECT count(*) FROM pg_class WHERE relnamespace = 'idem'::regnamespace)
+             || '/' || (SELECT count(*) FROM idem.idem_sql_version)"
+expect "the owner is no superuser" f plain_owner plain_db "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+runs "the database owner runs the generated file (psql -f)" plain_owner plain_db -f "$file"
+first=$(as plain_owner plain_db -c "$objects" 2>&1)
+expect "the version table says $V" "$V" plain_owner plain_db "SELECT version FROM idem.idem_sql_version"
+runs "... and runs it again" plain_owner plain_db -f "$file"
+expect "the second run changed nothing (functions/relations/version rows: $first)" "$first" \
+  plain_owner plain_db "$objects"
+expect "idem.idem_edition() answers sql" sql plain_owner plain_db "SELECT idem.idem_edition()"
+expect "a claim cycle: claimed, succeeded, replay of the response" "claimed|t
+succeeded|201
+replay|{\"id\": 1}|201" plain_owner plain_db \
+  "SET search_path = idem;
+   SELECT outcome, inserted FROM idem_claim('pay-1', request => '{\"a\": 1}');
+   SELECT state, response_code FROM idem_complete('pay-1', '{\"id\": 1}', 201);
+   SELECT outcome, response, response_code FROM idem_claim('pay-1', request => '{\"a\": 1}')"
+
+expect "the intruder has no CREATE on the database" f plain_intruder plain_db \
+  "SELECT has_database_privilege('plain_db', 'CREATE')"
+refused "a role without CREATE on the database: the file fails" 42501 plain_intruder plain_db -f "$denied"
+expect "... and leaves nothing behind" "0" postgres plain_db \
+  "SELECT count(*) FROM pg_namespace WHERE nspname = 'idem_denied'"
+refused "an intruder cannot replace an installed function" 42501 plain_intruder plain_db \
+  -c "CREATE OR REPLACE FUNCTION idem.idem_edition() RETURNS text LANGUAGE sql AS \$\$SELECT 'c'\$\$"
+refused "... nor change the version table" 42501 plain_intruder plain_db \
+  -c "UPDATE idem.idem_sql_version SET version = '0'"
+refused "... nor read the keys" 42501 plain_intruder plain_db -c "SELECT count(*) FROM idem.idem_keys"
+expect "still the SQL edition at $V" "sql|$V" plain_owner plain_db \
+  "SELECT idem.idem_edition(), version FROM idem.idem_sql_version"
+
+summary
