@@ -9,30 +9,21 @@ extern "C" {
 
 namespace idem {
 
-// What the configuration tables record, read once per backend and again after a relcache
-// invalidation of idem_keys (every change of its row-level security or policies sends one; so
-// does idem_row_security_apply()).
-static bool recorded_valid = false;
-static Oid recorded_relid = InvalidOid;
-static bool recorded_enabled = false;
-static bool recorded_forced = false;
-static List *recorded_policies = NIL; // char *, in TopMemoryContext
+// The record is read at every check, never cached: a restore that loads it with triggers disabled
+// changes two ordinary tables and sends no invalidation, and every session, including those opened
+// before it, must see it at once. Roles row-level security never applies to (superusers, BYPASSRLS)
+// read nothing; for the others it is a scan of a one-row table, and of idem_policies only while the
+// flags are recorded (cost: docs/benchmarks.md).
 
-static void
-forget(Datum, Oid relid)
+struct RecordedFlags
 {
-	if (relid == InvalidOid || relid == recorded_relid)
-		recorded_valid = false;
-}
-
-void
-rowsecurity_register_invalidation()
-{
-	CacheRegisterRelcacheCallback(forget, (Datum) 0);
-}
+	bool enabled;
+	bool forced;
+};
 
 // Reads a configuration table with the catalog snapshot (the latest committed rows, whatever the
-// caller's privileges on it); absent before ALTER EXTENSION UPDATE to 1.5.
+// caller's privileges on it); absent before ALTER EXTENSION UPDATE to 1.5. `row` returns false to
+// stop the scan.
 template <typename Row>
 static void
 read_table(Oid namespace_oid, const char *name, Row row)
@@ -44,35 +35,27 @@ read_table(Oid namespace_oid, const char *name, Row row)
 	SysScanDesc scan = systable_beginscan(rel, InvalidOid, false, nullptr, 0, nullptr);
 	HeapTuple tuple;
 	while ((tuple = systable_getnext(scan)) != nullptr)
-		row(tuple, RelationGetDescr(rel));
+	{
+		if (!row(tuple, RelationGetDescr(rel)))
+			break;
+	}
 	systable_endscan(scan);
 	table_close(rel, AccessShareLock);
 }
 
-static void
-load_recorded(Relation keys, Oid namespace_oid)
+static RecordedFlags
+read_flags(Oid namespace_oid)
 {
-	list_free_deep(recorded_policies);
-	recorded_policies = NIL;
-	recorded_enabled = recorded_forced = false;
-	read_table(namespace_oid, "idem_row_security", [](HeapTuple tuple, TupleDesc desc) {
+	RecordedFlags flags = {false, false};
+	read_table(namespace_oid, "idem_row_security", [&](HeapTuple tuple, TupleDesc desc) {
 		bool isnull;
 		Datum enabled = heap_getattr(tuple, 2, desc, &isnull);
-		recorded_enabled = !isnull && DatumGetBool(enabled);
+		flags.enabled = !isnull && DatumGetBool(enabled);
 		Datum forced = heap_getattr(tuple, 3, desc, &isnull);
-		recorded_forced = !isnull && DatumGetBool(forced);
+		flags.forced = !isnull && DatumGetBool(forced);
+		return false;
 	});
-	read_table(namespace_oid, "idem_policies", [](HeapTuple tuple, TupleDesc desc) {
-		bool isnull;
-		Datum name = heap_getattr(tuple, 1, desc, &isnull);
-		if (isnull)
-			return;
-		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
-		recorded_policies = lappend(recorded_policies, TextDatumGetCString(name));
-		MemoryContextSwitchTo(old);
-	});
-	recorded_relid = RelationGetRelid(keys);
-	recorded_valid = true;
+	return flags;
 }
 
 static bool
@@ -90,50 +73,70 @@ has_policy(Relation keys, const char *name)
 	return false;
 }
 
-// The first thing the recorded row-level security has that `keys` lacks, or nullptr.
-static const char *
-missing_part(Relation keys)
+// The first thing the recorded row-level security has that `keys` lacks (palloc'd), or nullptr.
+static char *
+missing_part(Relation keys, Oid namespace_oid, RecordedFlags flags)
 {
 	if (!keys->rd_rel->relrowsecurity)
-		return "row-level security is disabled";
-	if (recorded_forced && !keys->rd_rel->relforcerowsecurity)
-		return "row-level security is not forced";
-	ListCell *lc;
-	foreach (lc, recorded_policies)
-	{
-		if (!has_policy(keys, (const char *) lfirst(lc)))
-			return (const char *) lfirst(lc);
-	}
-	return nullptr;
+		return pstrdup("row-level security is disabled");
+	if (flags.forced && !keys->rd_rel->relforcerowsecurity)
+		return pstrdup("row-level security is not forced");
+	char *missing = nullptr;
+	read_table(namespace_oid, "idem_policies", [&](HeapTuple tuple, TupleDesc desc) {
+		bool isnull;
+		Datum name = heap_getattr(tuple, 1, desc, &isnull);
+		if (isnull)
+			return true;
+		char *recorded = TextDatumGetCString(name);
+		if (has_policy(keys, recorded))
+		{
+			pfree(recorded);
+			return true;
+		}
+		missing = recorded;
+		return false;
+	});
+	return missing;
 }
 
 // Row-level security would apply to the current user: not a superuser, not BYPASSRLS, and not
 // the table's owner unless it is forced.
 static bool
-confined_user(Relation keys)
+exempt_user(Oid user)
+{
+	return superuser_arg(user) || has_bypassrls_privilege(user);
+}
+
+// What the current user is refused for, or nullptr.
+static char *
+missing_for_user(Relation rel, Oid namespace_oid, RecordedFlags *flags)
 {
 	Oid user = GetUserId();
-	if (superuser_arg(user) || has_bypassrls_privilege(user))
-		return false;
-	return recorded_forced || !has_privs_of_role(user, keys->rd_rel->relowner);
+	if (exempt_user(user))
+		return nullptr;
+	*flags = read_flags(namespace_oid);
+	if (!flags->enabled)
+		return nullptr;
+	if (!flags->forced && has_privs_of_role(user, rel->rd_rel->relowner))
+		return nullptr;
+	return missing_part(rel, namespace_oid, *flags);
 }
 
 bool
 rowsecurity_missing_for_user(Relation rel, Oid namespace_oid)
 {
-	if (!recorded_valid || recorded_relid != RelationGetRelid(rel))
-		load_recorded(rel, namespace_oid);
-	return recorded_enabled && missing_part(rel) != nullptr && confined_user(rel);
+	RecordedFlags flags;
+	return missing_for_user(rel, namespace_oid, &flags) != nullptr;
 }
 
 void
 rowsecurity_require_in_force(Relation rel, Oid namespace_oid)
 {
-	if (!rowsecurity_missing_for_user(rel, namespace_oid))
+	RecordedFlags flags;
+	const char *missing = missing_for_user(rel, namespace_oid, &flags);
+	if (missing == nullptr)
 		return;
-	const char *missing = missing_part(rel);
-	bool is_policy = rel->rd_rel->relrowsecurity &&
-	                 !(recorded_forced && !rel->rd_rel->relforcerowsecurity);
+	bool is_policy = rel->rd_rel->relrowsecurity && !(flags.forced && !rel->rd_rel->relforcerowsecurity);
 	ereport(ERROR,
 	        (errhidestmt(true), errcode(ERRCODE_IDEM_ROW_SECURITY_NOT_IN_FORCE),
 	         errmsg("row-level security of idem_keys is not in force"),
