@@ -429,3 +429,17 @@ CREATE EVENT TRIGGER idem_row_security_ddl ON ddl_command_end
 CREATE EVENT TRIGGER idem_row_security_drop ON sql_drop
     WHEN TAG IN ('DROP POLICY')
     EXECUTE FUNCTION @extschema@.idem_row_security_ddl();
+
+-- A restore loads idem_keys with COPY. A role that does not own idem_keys cannot restore the
+-- record (above), so its COPY into a table without row-level security is refused: the keys are
+-- not loaded rather than loaded readable by every tenant (docs/upgrading.md). The functions'
+-- writes fire no trigger; an INSERT statement fires this one for nothing but a check of the
+-- command's tag.
+CREATE FUNCTION @extschema@.idem_keys_load_check()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_keys_load_check'
+LANGUAGE C VOLATILE;
+REVOKE EXECUTE ON FUNCTION @extschema@.idem_keys_load_check() FROM PUBLIC;
+CREATE TRIGGER idem_keys_load_check
+    BEFORE INSERT ON @extschema@.idem_keys
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.idem_keys_load_check();

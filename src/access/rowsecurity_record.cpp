@@ -6,6 +6,7 @@
 extern "C" {
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
+#include "tcop/pquery.h"
 }
 
 namespace idem {
@@ -161,8 +162,9 @@ give_record_to_owner(const Record &r)
 	run_utility(psprintf("ALTER TABLE %s OWNER TO %s", r.policies_table, owner));
 }
 
-// Whether the command that fired the event trigger was on idem_keys or one of its policies
-// (pg_event_trigger_ddl_commands(): the objects it changed, by OID, not by name).
+// Whether the command that fired the event trigger changed idem_keys or one of its policies
+// (pg_event_trigger_ddl_commands(): the objects it changed, by OID): the name resolved above could
+// mean another table by now, had code run inside the command changed search_path.
 static bool
 command_touched(const Record &r, bool policy)
 {
@@ -198,11 +200,13 @@ rowsecurity_on_ddl(const EventTriggerData *event)
 	// First, from the parse tree alone (no catalog read, no privilege): could the command have
 	// changed what is recorded? Every other ALTER TABLE of the database stops here.
 	bool flags = false, owner = false, policies = false;
+	RangeVar *relation = nullptr;
 	Node *tree = event->parsetree;
 	if (strcmp(event->event, "sql_drop") == 0)
 		policies = true;
 	else if (IsA(tree, AlterTableStmt))
 	{
+		relation = ((AlterTableStmt *) tree)->relation;
 		ListCell *lc;
 		foreach (lc, ((AlterTableStmt *) tree)->cmds)
 		{
@@ -222,10 +226,26 @@ rowsecurity_on_ddl(const EventTriggerData *event)
 			}
 		}
 	}
-	else if (IsA(tree, CreatePolicyStmt) || IsA(tree, AlterPolicyStmt) ||
-	         (IsA(tree, RenameStmt) && ((RenameStmt *) tree)->renameType == OBJECT_POLICY))
+	else if (IsA(tree, CreatePolicyStmt))
+	{
+		relation = ((CreatePolicyStmt *) tree)->table;
 		policies = true;
+	}
+	else if (IsA(tree, AlterPolicyStmt))
+	{
+		relation = ((AlterPolicyStmt *) tree)->table;
+		policies = true;
+	}
+	else if (IsA(tree, RenameStmt) && ((RenameStmt *) tree)->renameType == OBJECT_POLICY)
+	{
+		relation = ((RenameStmt *) tree)->relation;
+		policies = true;
+	}
 	if (!flags && !owner && !policies)
+		return;
+	// Then the table the command names, as the command resolved it: another table (a role's own
+	// table, even a temporary one named idem_keys) ends here, for the price of a name lookup.
+	if (relation != nullptr && RangeVarGetRelid(relation, NoLock, true) != catalog_get()->relid)
 		return;
 
 	Record r = record_of();
@@ -369,6 +389,21 @@ rowsecurity_apply_loaded()
 		FreeErrorData(error);
 	}
 	PG_END_TRY();
+}
+
+void
+rowsecurity_check_keys_load(Relation keys)
+{
+	if (ActivePortal == nullptr || ActivePortal->commandTag != CMDTAG_COPY || keys->rd_rel->relrowsecurity ||
+	    has_privs_of_role(GetUserId(), keys->rd_rel->relowner))
+		return;
+	ereport(ERROR,
+	        (errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+	         errmsg("only the owner of idem_keys can load keys into it with COPY"),
+	         errdetail("A restore by another role cannot restore the row-level security of idem_keys, "
+	                   "and would leave every tenant's keys readable."),
+	         errhint("Restore as a superuser, or as a role a superuser made the owner of idem_keys "
+	                 "(ALTER TABLE idem_keys OWNER TO ...) before the restore.")));
 }
 
 } // namespace idem

@@ -1,6 +1,7 @@
 // The SQL-callable side of the recorded row-level security (docs/security.md): the check for the
 // extension's views over idem_keys (the functions check it when they open the table), the event
-// trigger that records DDL, the trigger that applies a loaded record, and the manual apply.
+// trigger that records DDL, the trigger that applies a loaded record, the manual apply, and the
+// check of keys loaded by a restore.
 #include "access/rowsecurity.hpp"
 #include "access/rowsecurity_record.hpp"
 #include "common/guard.hpp"
@@ -43,4 +44,14 @@ IDEM_SQL_FUNCTION(idem_row_security_restore)
 IDEM_SQL_FUNCTION(idem_row_security_apply)
 {
 	PG_RETURN_INT32(rowsecurity_apply());
+}
+
+// idem_keys_load_check(): the statement trigger of idem_keys before INSERT (COPY fires it).
+IDEM_SQL_FUNCTION(idem_keys_load_check)
+{
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+		                errmsg("idem_keys_load_check() is called by triggers only")));
+	rowsecurity_check_keys_load(((TriggerData *) fcinfo->context)->tg_relation);
+	return PointerGetDatum(nullptr);
 }
