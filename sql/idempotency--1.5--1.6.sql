@@ -101,9 +101,10 @@ CREATE EVENT TRIGGER idem_row_security_drop ON sql_drop
     WHEN TAG IN ('DROP POLICY')
     EXECUTE FUNCTION @extschema@.idem_row_security_ddl();
 
--- A restore loads idem_keys with COPY. A role that does not own idem_keys cannot restore the
--- record (above), so its COPY into a table without row-level security is refused: the keys are
--- not loaded rather than loaded readable by every tenant (docs/upgrading.md). The functions'
+-- A restore loads idem_keys with COPY, with row_security off. A role that does not own idem_keys
+-- cannot restore the record (above), so such a COPY into a table without row-level security is
+-- refused: the keys are not loaded rather than loaded readable by every tenant
+-- (docs/upgrading.md). The functions'
 -- writes fire no trigger; an INSERT statement fires this one for nothing but a check of the
 -- command's tag.
 CREATE FUNCTION @extschema@.idem_keys_load_check()

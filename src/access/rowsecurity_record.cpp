@@ -394,8 +394,10 @@ rowsecurity_apply_loaded()
 void
 rowsecurity_check_keys_load(Relation keys)
 {
-	if (ActivePortal == nullptr || ActivePortal->commandTag != CMDTAG_COPY || keys->rd_rel->relrowsecurity ||
-	    has_privs_of_role(GetUserId(), keys->rd_rel->relowner))
+	// A restore's COPY: pg_restore and the scripts of pg_dump run with row_security off. A COPY
+	// with it on (a resharding tool moving keys, say) is the role's own business, as an INSERT is.
+	if (row_security || ActivePortal == nullptr || ActivePortal->commandTag != CMDTAG_COPY ||
+	    keys->rd_rel->relrowsecurity || has_privs_of_role(GetUserId(), keys->rd_rel->relowner))
 		return;
 	ereport(ERROR,
 	        (errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),

@@ -27,8 +27,8 @@ int rowsecurity_apply();
 // roles are refused (IK006) until it is fixed. A write by any other role is refused.
 void rowsecurity_apply_loaded();
 
-// idem_keys' statement trigger: keys loaded with COPY (a restore) into a table without row-level
-// security, by a role that does not own it, are refused. Such a role cannot write the record, so
+// idem_keys' statement trigger: keys loaded with COPY and row_security off (a restore) into a
+// table without row-level security, by a role that does not own it, are refused. Such a role cannot write the record, so
 // the restore would leave every tenant's keys open; refused, the keys are not there to be read.
 void rowsecurity_check_keys_load(Relation keys);
 
