@@ -1,6 +1,5 @@
 // Module entry: the library's magic block and its load-time setup.
 #include "access/catalog.hpp"
-#include "access/rowsecurity.hpp"
 #include "access/writememo.hpp"
 #include "common/pg.hpp"
 #include "common/preload.hpp"
@@ -25,7 +24,6 @@ _PG_init(void)
 	idem::define_settings();
 	idem::preload_note_loading();
 	idem::catalog_register_invalidation();
-	idem::rowsecurity_register_invalidation();
 	idem::writememo_register_callbacks();
 	idem::wait_register_callbacks();
 	// Shared memory (idem_stats, idem_scope_stats, waking waiting claims, which reaper serves which

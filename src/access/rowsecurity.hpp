@@ -1,7 +1,8 @@
-// Row-level security of idem_keys as the extension records it (1.5: idem_row_security and
+// Row-level security of idem_keys as the extension records it (idem_row_security and
 // idem_policies, docs/security.md). A restore puts it back by itself; when it could not (a policy
-// naming a role the new cluster lacks, a data-only restore with triggers disabled), the roles it
-// would confine are refused rather than shown every tenant's keys.
+// naming a role the new cluster lacks or an object that is no longer the one recorded, a
+// data-only restore with triggers disabled), the roles it would confine are refused rather than
+// shown every tenant's keys.
 #pragma once
 
 #include "common/pg.hpp"
@@ -19,7 +20,5 @@ bool rowsecurity_missing_for_user(Relation rel, Oid namespace_oid);
 // The same two for idem_keys, opened here (callers that do not have it open).
 void rowsecurity_require_in_force_for_keys();
 bool rowsecurity_missing_for_keys();
-
-void rowsecurity_register_invalidation();
 
 } // namespace idem

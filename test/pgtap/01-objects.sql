@@ -2,14 +2,14 @@
 -- Run with pg_prove in a database where CREATE EXTENSION pgtap and
 -- CREATE EXTENSION idempotency were done beforehand.
 BEGIN;
-SELECT plan(80);
+SELECT plan(82);
 
 -- The extension itself
 SELECT has_extension('idempotency', 'extension idempotency is installed');
 SELECT is((SELECT extversion FROM pg_extension WHERE extname = 'idempotency'),
-          '1.5', 'installed version is 1.5');
+          '1.6', 'installed version is 1.6');
 SELECT is((SELECT default_version FROM pg_available_extensions WHERE name = 'idempotency'),
-          '1.5', 'default version is 1.5');
+          '1.6', 'default version is 1.6');
 SELECT is((SELECT extrelocatable FROM pg_extension WHERE extname = 'idempotency'),
           false, 'extension is not relocatable');
 SELECT ok((SELECT 'idem_keys'::regclass = ANY (extconfig)
@@ -58,8 +58,7 @@ SELECT set_eq(
     $$SELECT evtname::text || ' ' || evtevent FROM pg_event_trigger e
         JOIN pg_depend d ON d.classid = 'pg_event_trigger'::regclass AND d.objid = e.oid AND d.deptype = 'e'
         JOIN pg_extension x ON x.oid = d.refobjid AND x.extname = 'idempotency'$$,
-    $$VALUES ('idem_row_security_ddl_start ddl_command_start'), ('idem_row_security_ddl ddl_command_end'),
-             ('idem_row_security_drop sql_drop')$$,
+    $$VALUES ('idem_row_security_ddl ddl_command_end'), ('idem_row_security_drop sql_drop')$$,
     'the event triggers that record idem_keys'' row-level security are members of the extension');
 SELECT is((SELECT count(*)::int FROM pg_class c, aclexplode(c.relacl) a
             WHERE c.oid IN ('idem_row_security'::regclass, 'idem_policies'::regclass) AND a.grantee = 0),
@@ -68,6 +67,15 @@ SELECT set_eq(
     $$SELECT tgname::text FROM pg_trigger WHERE tgrelid IN ('idem_row_security'::regclass, 'idem_policies'::regclass)$$,
     $$VALUES ('idem_row_security_restore'), ('idem_policies_restore')$$,
     'loading the record (a restore) applies it');
+-- 1.6: nothing runs with the extension owner's rights (docs/security.md "The model")
+SELECT is((SELECT string_agg(p.proname, ',') FROM pg_proc p
+             JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'
+             JOIN pg_extension x ON x.oid = d.refobjid AND x.extname = 'idempotency'
+            WHERE p.prosecdef), NULL, 'no routine of the extension is SECURITY DEFINER');
+SELECT is((SELECT string_agg(c.relname || ' ' || pg_get_userbyid(c.relowner), ',' ORDER BY c.relname) FROM pg_class c
+            WHERE c.oid IN ('idem_row_security'::regclass, 'idem_policies'::regclass)
+              AND c.relowner <> (SELECT relowner FROM pg_class WHERE oid = 'idem_keys'::regclass)),
+          NULL, 'the record belongs to the owner of idem_keys');
 
 -- Enums, labels in order
 SELECT has_enum('idem_state');

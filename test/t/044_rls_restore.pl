@@ -9,7 +9,8 @@
 # triggers disabled; a policy naming a role the new cluster lacks), the roles they would confine
 # are refused with IK006 until idem_row_security_apply() runs, and never see another tenant's keys.
 # The record follows the DDL that changes it (ALTER/DROP POLICY, DISABLE/FORCE), ignores DDL that
-# does not, and 1.4 -> 1.5 takes over policies made by hand under 1.4.
+# does not, 1.4 -> 1.5 takes over policies made by hand under 1.4, and 1.5 -> 1.6 carries the record
+# over, in force or not.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -186,7 +187,9 @@ sql($node, 'src', q{ALTER TABLE idem.idem_keys FORCE ROW LEVEL SECURITY});
 is(sql($node, 'src', q{SELECT enabled::text || forced::text FROM idem.idem_row_security}), 'truetrue', 'FORCE is recorded');
 sql($node, 'src', q{ALTER TABLE idem.idem_keys NO FORCE ROW LEVEL SECURITY});
 # a record not yet applied is not overwritten by DDL that does not change the flags
-sql($node, 'src', q{SET idempotency_row_security.applying = on; UPDATE idem.idem_row_security SET forced = true});
+sql($node, 'src', q{ALTER TABLE idem.idem_row_security DISABLE TRIGGER idem_row_security_restore;
+	UPDATE idem.idem_row_security SET forced = true;
+	ALTER TABLE idem.idem_row_security ENABLE TRIGGER idem_row_security_restore;});
 sql($node, 'src', q{ALTER TABLE idem.idem_keys SET (autovacuum_vacuum_scale_factor = 0.02)});
 is(sql($node, 'src', q{SELECT enabled::text || forced::text FROM idem.idem_row_security}), 'truetrue',
 	'an ALTER TABLE that leaves the flags alone does not overwrite the record');
@@ -202,7 +205,7 @@ is($e3, '', 'a tenant runs DDL on its own table');
 sql($node, 'src', q{ALTER TABLE idem.idem_keys DISABLE ROW LEVEL SECURITY});
 is(sql($node, 'src', q{SELECT count(*) FROM idem.idem_row_security}), '0', 'DISABLE is recorded (no row: nothing to restore)');
 
-# ---- 1.4 -> 1.5 takes over policies made by hand
+# ---- 1.4 -> 1.5 takes over policies made by hand; 1.5 -> 1.6 carries the record over
 sql($node, 'postgres', 'CREATE DATABASE old');
 sql($node, 'old', q{
 	CREATE SCHEMA idem;
@@ -217,6 +220,15 @@ sql($node, 'old', q{
 	ALTER EXTENSION idempotency UPDATE TO '1.5';});
 is(sql($node, 'old', q{SELECT (SELECT enabled::text FROM idem.idem_row_security) || ' ' || string_agg(name, ',' ORDER BY name) FROM idem.idem_policies}),
 	'true tenant,tenant_role', '1.4 -> 1.5 records the row-level security made by hand');
+my $record_15 = sql($node, 'old', q{SELECT string_agg(concat_ws(' ', name, permissive, roles, using_expr, check_expr), '; ' ORDER BY name) FROM idem.idem_policies});
+$node->command_ok([ 'pg_dump', '-Fc', '-f', "$tmp/old15.dump", '-d', $node->connstr('old') ], 'pg_dump under 1.5');
+sql($node, 'old', q{ALTER EXTENSION idempotency UPDATE TO '1.6'});
+is(sql($node, 'old', q{SELECT string_agg(concat_ws(' ', name, permissive, roles, using_expr, check_expr), '; ' ORDER BY name) FROM idem.idem_policies}),
+	$record_15, '1.5 -> 1.6 carries the record over');
+is(sql($node, 'old', q{SELECT string_agg(name || '=' || named, ',' ORDER BY name) FROM idem.idem_policies}),
+	'tenant=,tenant_role=', '... and records what its policies name (nothing but built-ins here)');
+is(sql($node, 'old', q{SELECT count(*) FROM pg_proc WHERE prosecdef AND pronamespace = 'idem'::regnamespace}), '0',
+	'1.6 has no SECURITY DEFINER function');
 $node->command_ok([ 'pg_dump', '-Fc', '-f', "$tmp/old.dump", '-d', $node->connstr('old') ], 'pg_dump of the updated database');
 sql($node, 'postgres', 'CREATE DATABASE old_restored');
 $node->command_ok([ 'pg_restore', '--exit-on-error', '-d', $node->connstr('old_restored'), "$tmp/old.dump" ],
@@ -225,6 +237,26 @@ is(sql($node, 'old_restored', q{SELECT relrowsecurity::text || ' ' || (SELECT co
 	FROM pg_class WHERE oid = 'idem.idem_keys'::regclass}), 'true 2', 'updated from 1.4: the policies survive the restore');
 is(sqlstate_as($node, 'old_restored', 'tenant_a', 'tenant_a', q{SELECT idem.idem_claim('k-b', scope => 'tenant_b')}),
 	'42501', 'updated from 1.4: the tenants stay isolated after the restore');
+
+# ---- a 1.5 record not in force when updated to 1.6 (a data-only restore, not applied yet)
+sql($node, 'postgres', 'CREATE DATABASE pending15');
+sql($node, 'pending15', q{
+	CREATE SCHEMA idem;
+	CREATE EXTENSION idempotency SCHEMA idem VERSION '1.5';
+	GRANT USAGE ON SCHEMA idem TO tenant_a, tenant_b;
+	GRANT SELECT, INSERT, UPDATE, DELETE ON idem.idem_keys TO tenant_a, tenant_b;});
+$node->command_ok([ 'pg_restore', '--data-only', '--disable-triggers', '--exit-on-error',
+	'-d', $node->connstr('pending15'), "$tmp/old15.dump" ], '1.5: data-only restore with --disable-triggers');
+sql($node, 'pending15', q{ALTER EXTENSION idempotency UPDATE TO '1.6'});
+is(sql($node, 'pending15', q{SELECT (SELECT enabled FROM idem.idem_row_security) || ' ' || string_agg(name || '=' || coalesce(named, 'null'), ',' ORDER BY name) FROM idem.idem_policies}),
+	'true tenant=null,tenant_role=null', '1.5 -> 1.6 carries a record that is not in force as it is');
+is(sqlstate_as($node, 'pending15', 'tenant_a', 'tenant_a', q{SELECT idem.idem_lookup('k-b', scope => 'tenant_b')}),
+	'IK006', 'carried over not in force: the tenants are refused');
+is(sql($node, 'pending15', 'SELECT idem.idem_row_security_apply()'), '2', '1.6 applies the carried record');
+is(sql($node, 'pending15', q{SELECT string_agg(name || '=' || coalesce(named, 'null'), ',' ORDER BY name) FROM idem.idem_policies}),
+	'tenant=,tenant_role=', '... and records what its policies name');
+is(sqlstate_as($node, 'pending15', 'tenant_a', 'tenant_a', q{SELECT idem.idem_claim('k-b', scope => 'tenant_b')}),
+	'42501', '... and the tenants are isolated');
 
 $other->stop;
 $node->stop;

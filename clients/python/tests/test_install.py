@@ -36,7 +36,7 @@ def check_installed(venv: Path, cwd: Path) -> None:
               " print(pg_idempotency.__file__); print(m.version('pg-idempotency'));"
               " print(h.fingerprint('POST', '/x', None, b'').hex())", cwd=cwd).split()
     assert out[0].startswith(str(venv)), out
-    assert out[1] == "1.5.0"
+    assert out[1] == "1.6.0"
     assert len(out[2]) == 64
     # the system's psycopg is in the pinned range (pip check also names Debian's own
     # unrelated mismatches: only this package's lines count)
@@ -60,7 +60,7 @@ def test_a_wheel_built_without_an_index(tmp_path: Path) -> None:
     run("/usr/bin/python3", "-m", "venv", "--system-site-packages", builder, cwd=tmp_path)
     run(builder / "bin" / "pip", "wheel", "--no-index", "--no-build-isolation", "--no-deps",
         "-w", tmp_path / "dist", src, cwd=tmp_path)
-    (wheel,) = (tmp_path / "dist").glob("pg_idempotency-1.5.0-py3-none-any.whl")
+    (wheel,) = (tmp_path / "dist").glob("pg_idempotency-1.6.0-py3-none-any.whl")
     target = tmp_path / "app"
     run("/usr/bin/python3", "-m", "venv", "--system-site-packages", target, cwd=tmp_path)
     run(target / "bin" / "pip", "install", "--no-index", wheel, cwd=tmp_path)
