@@ -444,3 +444,10 @@ REVOKE EXECUTE ON FUNCTION @extschema@.idem_keys_load_check() FROM PUBLIC;
 CREATE TRIGGER idem_keys_load_check
     BEFORE INSERT ON @extschema@.idem_keys
     FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.idem_keys_load_check();
+
+-- Which edition answers: 'c' here, 'sql' in the SQL edition (sql-edition/), so that a test or an
+-- operator can tell them apart; both implement one contract (docs/editions.md).
+CREATE FUNCTION @extschema@.idem_edition()
+RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $fn$ SELECT 'c'::text $fn$;

@@ -1,7 +1,7 @@
 -- idempotency: function signatures and properties (docs/contract.md §2).
 -- All routines are VOLATILE, none is STRICT, none is SECURITY DEFINER.
 BEGIN;
-SELECT plan(54);
+SELECT plan(58);
 
 -- idem_claim
 SELECT has_function('idem_claim', ARRAY['text', 'jsonb', 'text', 'interval', 'interval', 'bytea', 'interval']);
@@ -116,6 +116,12 @@ SELECT is((SELECT count(*)::int FROM pg_proc
                           'idem_forget(text,text,boolean)'::regprocedure)
               AND provolatile = 'v' AND NOT proisstrict AND NOT prosecdef AND proparallel = 'u'),
           3, '1.2''s functions are VOLATILE, not STRICT, not SECURITY DEFINER, PARALLEL UNSAFE');
+
+-- idem_edition (1.6): which edition answers
+SELECT has_function('idem_edition', ARRAY[]::text[]);
+SELECT is(idem_edition(), 'c', 'idem_edition() answers c in the C edition');
+SELECT volatility_is('idem_edition', ARRAY[]::text[], 'stable');
+SELECT isnt_definer('idem_edition', ARRAY[]::text[]);
 
 SELECT * FROM finish();
 ROLLBACK;
