@@ -1,0 +1,179 @@
+# Moves between the editions (docs/editions.md) by pg_dump and pg_restore: keys in every state
+# written by one edition are dumped and restored under the other, and every key answers the same
+# afterwards.
+#
+# The editions share idem_keys' layout, so the table's data moves as it is.  Here the SQL edition
+# is its plain-SQL install (sql-edition/build, psql -f): the move is pg_dump --data-only of
+# idem_keys (custom format) and pg_restore --data-only into a database where the other edition is
+# installed.  Both ways: C -> SQL and SQL -> C.  Keys: pending with a live lease, pending past its
+# lease, succeeded with a response, a byte-exact body (every byte value) and headers, failed
+# retryable, failed terminal, expired and not reaped, taken over (attempt 2), claimed with an
+# explicit fingerprint and with none, in two scopes.  After the move: idem_keys is identical
+# column by column; every key's idem_lookup is the same in the source (its own edition) and the
+# target (the other edition); then every key is claimed in both with its request, and the answers
+# (outcome, inserted, attempt, state, response, code, body, headers, expires_at when stored,
+# whether retry_after is set) and the rows are the same in both.
+#
+# Row-level security of idem_keys (§13) is not moved here: the SQL edition does not have it yet.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use IPC::Run;
+use File::Temp qw(tempdir);
+use FindBin;
+
+my $root = "$FindBin::RealBin/../..";
+my $gen = tempdir(CLEANUP => 1);
+ok(-f "$root/sql-edition/build", 'the SQL edition generator sql-edition/build exists')
+  or BAIL_OUT('no sql-edition/build: the SQL edition is missing');
+IPC::Run::run([ 'bash', "$root/sql-edition/build", $gen ], '>', \my $bout, '2>', \my $berr);
+my ($plain) = glob("$gen/plain/idempotency-*.sql");
+ok(defined $plain && -s $plain, 'sql-edition/build made the plain-SQL install file')
+  or BAIL_OUT("sql-edition/build made no plain-SQL file: $berr");
+
+my $node = PostgreSQL::Test::Cluster->new('move');
+$node->init(extra => [ '--encoding=UTF8', '--locale=C' ]);
+$node->append_conf('postgresql.conf', "log_min_messages = warning\n");
+$node->start;
+
+sub sql { my ($db, $q) = @_; return $node->safe_psql($db, "SET TimeZone = 'UTC'; $q"); }
+
+sub install
+{
+	my ($db, $edition) = @_;
+	$node->safe_psql('postgres', "CREATE DATABASE $db");
+	if ($edition eq 'c') { $node->safe_psql($db, 'CREATE EXTENSION idempotency') }
+	else
+	{
+		local $ENV{PGOPTIONS} = '-c client_min_messages=warning';
+		my ($out, $err) = ('', '');
+		IPC::Run::run([ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr($db), '-f', $plain ],
+			'>', \$out, '2>', \$err);
+		die "SQL edition install into $db failed: $err" if $err ne '';
+	}
+	my $lang = $node->safe_psql($db,
+		q{SELECT l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang WHERE p.oid = 'idem_claim'::regproc});
+	is($lang, $edition eq 'c' ? 'c' : 'plpgsql', "$db: idem_claim is the $edition edition's");
+	return;
+}
+
+# every byte value, for the byte-exact body
+my $all_bytes = join('', map { sprintf('%02x', $_) } 0 .. 255);
+my %request = (
+	'live'     => '{"a": 1}',
+	'lapsed'   => '{"a": 2.50}',
+	'done'     => '{"a": 3, "b": [1, 2, {"c": null}]}',
+	'retry'    => '{"a": 4}',
+	'terminal' => '{"a": 5}',
+	'expired'  => '{"a": 6}',
+	'taken'    => '{"a": 7}',
+	'nofp'     => undef,
+	'fp'       => undef);
+
+# keys in every state, written by the edition installed in $db (scopes '' and 'tenant-b')
+sub fill
+{
+	my ($db) = @_;
+	for my $scope ('', 'tenant-b')
+	{
+		my $s = "scope => '$scope'";
+		sql($db, qq{
+SELECT idem_claim('live', '$request{live}', $s, lease => '1 hour', ttl => '7 days');
+SELECT idem_claim('lapsed', '$request{lapsed}', $s, lease => '1 millisecond', ttl => '7 days');
+SELECT idem_claim('done', '$request{done}', $s, ttl => '7 days');
+SELECT idem_complete('done', '{"ok": true, "id": 42, "n": 1.50, "text": "caf\\u00e9"}', 201, $s,
+                     body => '\\x$all_bytes'::bytea, headers => '{"Location": "/x/42", "X-Multi": ["a", "b"]}');
+SELECT idem_claim('retry', '$request{retry}', $s, ttl => '7 days');
+SELECT idem_fail('retry', '{"error": "timeout"}', 503, retryable => true, $s);
+SELECT idem_claim('terminal', '$request{terminal}', $s, ttl => '7 days');
+SELECT idem_fail('terminal', '{"error": "declined"}', 422, retryable => false, $s, body => '\\x'::bytea, headers => '{}');
+SELECT idem_claim('expired', '$request{expired}', $s, ttl => '7 days');
+SELECT idem_complete('expired', '"old"', $s, ttl => '1 millisecond');
+SELECT idem_claim('taken', '$request{taken}', $s, lease => '1 millisecond', ttl => '7 days');
+SELECT pg_sleep(0.01);
+SELECT idem_claim('taken', '$request{taken}', $s, lease => '1 hour');
+SELECT idem_claim('nofp', $s, lease => '1 hour', ttl => '7 days');
+SELECT idem_claim('fp', fingerprint => '\\xdeadbeef', $s, ttl => '7 days');
+SELECT idem_complete('fp', NULL, 204, $s);
+});
+	}
+	# the short lease and ttl above have run out
+	sql($db, 'SELECT pg_sleep(0.01)');
+	return;
+}
+
+my $ROWS = q{SELECT string_agg(k::text, E'\n' ORDER BY scope, key) FROM idem_keys k};
+
+# pg_dump --data-only of idem_keys from $from, pg_restore --data-only into $to
+sub move
+{
+	my ($from, $to) = @_;
+	my $file = "$gen/$from.dump";
+	$node->command_ok([ 'pg_dump', '-Fc', '--data-only', '--table=idem_keys', '-f', $file, '-d', $node->connstr($from) ],
+		"pg_dump of the keys of $from");
+	$node->command_ok([ 'pg_restore', '--data-only', '--exit-on-error', '-d', $node->connstr($to), $file ],
+		"pg_restore of them into $to");
+	return;
+}
+
+my $CLAIM_COLS = q{concat_ws('|', outcome, inserted, coalesce(attempt::text, '-'), coalesce(state::text, '-'),
+                   coalesce(response::text, '-'), coalesce(response_code::text, '-'), retry_after IS NOT NULL,
+                   coalesce(expires_at::text, '-'), coalesce(encode(response_body, 'hex'), '-'),
+                   coalesce(response_headers::text, '-'))};
+
+# Every key answers the same in $a (one edition) and $b (the other), moved there from $a
+sub same_answers
+{
+	my ($a, $b, $what) = @_;
+	is(sql($b, $ROWS), sql($a, $ROWS), "$what: idem_keys moved column by column");
+	for my $scope ('', 'tenant-b')
+	{
+		for my $key (sort keys %request)
+		{
+			my $lookup = "SELECT coalesce(r::text, 'NULL') FROM idem_lookup('$key', scope => '$scope') r";
+			is(sql($b, $lookup), sql($a, $lookup), "$what: idem_lookup('$key', scope '$scope') answers the same");
+		}
+	}
+	# claims: the same answers; the rows they leave are the same but for the times of new writes
+	for my $scope ('', 'tenant-b')
+	{
+		for my $key (sort keys %request)
+		{
+			my $args = "'$key'" . (defined $request{$key} ? ", '$request{$key}'" : '')
+			  . ($key eq 'fp' ? q{, fingerprint => '\xdeadbeef'} : '') . ", scope => '$scope'";
+			my $claim = "SELECT $CLAIM_COLS FROM idem_claim($args)";
+			my ($ra, $rb) = (sql($a, $claim), sql($b, $claim));
+			# a new write's expires_at is the clock of each edition's call: compare it only when stored
+			my $fresh = $ra =~ /^claimed\|/;
+			if ($fresh) { s/^((?:[^|]*\|){7})[^|]*/$1(new)/ for $ra, $rb }
+			is($rb, $ra, "$what: idem_claim($args) answers the same ($ra)");
+		}
+	}
+	my $stable = q{SELECT string_agg(concat_ws(' ', scope, key, state, attempt, encode(fingerprint, 'hex'), response,
+	                 response_code, retryable, locked_until IS NULL, completed_at, encode(response_body, 'hex'),
+	                 response_headers), E'\n' ORDER BY scope, key) FROM idem_keys};
+	is(sql($b, $stable), sql($a, $stable), "$what: the claims left the same rows");
+	return;
+}
+
+# ---- C -> SQL
+install('c_src', 'c');
+install('sql_dst', 'sql');
+fill('c_src');
+is(sql('c_src', 'SELECT count(*) FROM idem_keys'), '18', 'the C edition wrote 18 keys');
+move('c_src', 'sql_dst');
+same_answers('c_src', 'sql_dst', 'C -> SQL');
+
+# ---- SQL -> C
+install('sql_src', 'sql');
+install('c_dst', 'c');
+fill('sql_src');
+is(sql('sql_src', 'SELECT count(*) FROM idem_keys'), '18', 'the SQL edition wrote 18 keys');
+move('sql_src', 'c_dst');
+same_answers('sql_src', 'c_dst', 'SQL -> C');
+
+$node->stop;
+done_testing();
