@@ -56,12 +56,12 @@ diag "differential seed $seed ($nops operations; replay: IDEMPOTENCY_DIFF_SEED=$
 my $build = "$root/sql-edition/build";
 my $gen = tempdir(CLEANUP => 1);
 ok(-f $build, 'the SQL edition generator sql-edition/build exists')
-  or BAIL_OUT('no sql-edition/build: the SQL edition is missing');
+  or do { done_testing(); exit; };    # fails, and the other test files still run
 my ($build_out, $build_err) = ('', '');
 IPC::Run::run([ 'bash', $build, $gen ], '>', \$build_out, '2>', \$build_err);
 my ($plain) = glob("$gen/plain/idempotency-*.sql");
 ok(defined $plain && -s $plain, 'sql-edition/build made the plain-SQL install file')
-  or BAIL_OUT("sql-edition/build made no plain-SQL file: $build_err");
+  or do { diag $build_err; done_testing(); exit; };
 
 my $node = PostgreSQL::Test::Cluster->new('editions');
 $node->init(extra => [ '--encoding=UTF8', '--locale=C' ]);
@@ -207,9 +207,11 @@ my @headers = ('{}', '{"Location": "/x/1"}', '{"Content-Type": "text/plain", "X-
 
 # intervals: [sql, class] with class short, long or bad
 my @short = ("'1 millisecond'", "'2 milliseconds'", "'500 microseconds'");
-my @long = ("'1 hour'", "'3 hours'", "'1 day'", "'2 days'", "'1 mon'", "'-1 day 25 hours'", "'100 years'",
-	"'36100 days'", "'876000 hours'");
-my @bad = ("'0 seconds'", "'-5 seconds'", "'101 years'", "'100 years 1 second'", "'36600 days'");
+my @long = ("'1 hour'", "'3 hours'", "'1 day'", "'2 days'", "'1 mon'", "'-1 day 25 hours'", "'100 years'");
+# (36100 days and 876000 hours end within 100 calendar years, yet both editions refuse every
+# interval above 100 years by interval comparison, where a month is 30 days: refused alike)
+my @bad = ("'0 seconds'", "'-5 seconds'", "'101 years'", "'100 years 1 second'", "'36600 days'", "'36100 days'",
+	"'876000 hours'");
 
 sub interval_arg
 {
