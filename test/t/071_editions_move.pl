@@ -14,6 +14,15 @@
 # (outcome, inserted, attempt, state, response, code, body, headers, expires_at when stored,
 # whether retry_after is set) and the rows are the same in both.
 #
+# The extension route, the real move: where the server has extension_control_path (PostgreSQL 18),
+# the SQL edition's file-based extension (sql-edition/build's extension/ directory) is put first in
+# that path for one session, so that CREATE EXTENSION idempotency installs the SQL edition there
+# while the C edition is the one installed on the server.  A database of one edition is dumped
+# whole (pg_dump -Fc: CREATE EXTENSION idempotency and idem_keys' data, a configuration table) and
+# restored with pg_restore into a new database where CREATE EXTENSION finds the other edition;
+# both ways, with the same checks.  Older servers cannot put two extensions of one name side by
+# side: there the test says so and moves by the plain route only (CI runs PostgreSQL 18 too).
+#
 # Row-level security of idem_keys (§13) is not moved here: the SQL edition does not have it yet.
 use strict;
 use warnings;
@@ -41,11 +50,28 @@ $node->start;
 
 sub sql { my ($db, $q) = @_; return $node->safe_psql($db, "SET TimeZone = 'UTC'; $q"); }
 
+# the SQL edition's extension first, then the server's own extensions (PostgreSQL 18)
+my $sql_path = "-c extension_control_path=$gen:\$system";
+
+sub edition_of
+{
+	my ($db) = @_;
+	my $lang = $node->safe_psql($db,
+		q{SELECT l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang WHERE p.oid = 'idem_claim'::regproc});
+	return $lang eq 'c' ? 'c' : $lang eq 'plpgsql' ? 'sql' : "unknown ($lang)";
+}
+
 sub install
 {
 	my ($db, $edition) = @_;
 	$node->safe_psql('postgres', "CREATE DATABASE $db");
 	if ($edition eq 'c') { $node->safe_psql($db, 'CREATE EXTENSION idempotency') }
+	elsif ($edition eq 'sql-ext')
+	{
+		local $ENV{PGOPTIONS} = $sql_path;
+		$node->safe_psql($db, 'CREATE EXTENSION idempotency');
+		is($node->safe_psql($db, 'SELECT idem_edition()'), 'sql', "$db: the extension is the SQL edition");
+	}
 	else
 	{
 		local $ENV{PGOPTIONS} = '-c client_min_messages=warning';
@@ -54,9 +80,7 @@ sub install
 			'>', \$out, '2>', \$err);
 		die "SQL edition install into $db failed: $err" if $err ne '';
 	}
-	my $lang = $node->safe_psql($db,
-		q{SELECT l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang WHERE p.oid = 'idem_claim'::regproc});
-	is($lang, $edition eq 'c' ? 'c' : 'plpgsql', "$db: idem_claim is the $edition edition's");
+	is(edition_of($db), $edition eq 'c' ? 'c' : 'sql', "$db: idem_claim is the " . ($edition eq 'c' ? 'C' : 'SQL') . " edition's");
 	return;
 }
 
@@ -174,6 +198,44 @@ fill('sql_src');
 is(sql('sql_src', 'SELECT count(*) FROM idem_keys'), '18', 'the SQL edition wrote 18 keys');
 move('sql_src', 'c_dst');
 same_answers('sql_src', 'c_dst', 'SQL -> C');
+
+# ---- the extension route: a whole database dumped, restored where CREATE EXTENSION finds the other edition
+my $major = $node->safe_psql('postgres', q{SELECT current_setting('server_version_num')::int / 10000});
+if ($major >= 18)
+{
+	# $from's whole database, restored into a new database $to; $to_sql: CREATE EXTENSION finds the SQL edition
+	my $move_whole = sub {
+		my ($from, $to, $to_sql) = @_;
+		my $file = "$gen/$from.whole.dump";
+		$node->command_ok([ 'pg_dump', '-Fc', '-f', $file, '-d', $node->connstr($from) ], "pg_dump of the whole of $from");
+		my ($list, $e) = ('', '');
+		IPC::Run::run([ 'pg_restore', '-l', $file ], '>', \$list, '2>', \$e);
+		like($list, qr/EXTENSION - idempotency/, "the dump of $from creates the extension");
+		like($list, qr/TABLE DATA public idem_keys/, "the dump of $from holds idem_keys' data");
+		$node->safe_psql('postgres', "CREATE DATABASE $to");
+		local $ENV{PGOPTIONS} = $to_sql ? $sql_path : '';
+		$node->command_ok([ 'pg_restore', '--exit-on-error', '-d', $node->connstr($to), $file ], "pg_restore into $to");
+		return;
+	};
+	install('cx_src', 'c');
+	fill('cx_src');
+	$move_whole->('cx_src', 'sqlx_dst', 1);
+	is(edition_of('sqlx_dst'), 'sql', 'sqlx_dst: restored under the SQL edition');
+	is($node->safe_psql('sqlx_dst', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}), '1.5',
+		'sqlx_dst: the SQL edition is the extension idempotency 1.5');
+	same_answers('cx_src', 'sqlx_dst', 'C -> SQL (extension)');
+
+	install('sqlx_src', 'sql-ext');
+	fill('sqlx_src');
+	$move_whole->('sqlx_src', 'cx_dst', 0);
+	is(edition_of('cx_dst'), 'c', 'cx_dst: restored under the C edition');
+	same_answers('sqlx_src', 'cx_dst', 'SQL -> C (extension)');
+}
+else
+{
+	note "PostgreSQL $major has no extension_control_path: the extension route (two extensions named idempotency "
+	  . 'on one server) is moved on PostgreSQL 18 only; the plain route above ran';
+}
 
 $node->stop;
 done_testing();
