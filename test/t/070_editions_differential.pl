@@ -18,7 +18,14 @@
 # inputs of each (NULLs, bytes outside printable ASCII, lengths, intervals out of range, bad
 # arrays, a key repeated with two requests).  Now and then one session opens a transaction and
 # calls under savepoints; the other sessions then claim the keys it wrote with a bounded wait
-# (in_progress with nothing visible) or work on other keys.
+# (in_progress with nothing visible) or work on other keys, and one of them may call on a key it
+# wrote without a bounded wait (claim, complete, fail, extend, release, forget, a one-key batch):
+# that call must still be waiting when the transaction ends, and then answers from what it left.
+#
+# A known difference is reported as a TODO test, each time it shows, with both answers: the SQL
+# edition refuses an owner's call (IK002, IK003, IK004) from a key's committed version without
+# waiting for the transaction that is writing it, where the C edition waits and decides on the new
+# version (docs/contract.md §2, idem_complete and idem_fail).  Any other difference fails the test.
 #
 # Time.  The two editions run at different wall-clock moments, so a timestamp cannot be compared
 # as a value.  Every interval the test gives is either short (at most 2 ms) or long (an hour or
@@ -45,6 +52,7 @@ use IPC::Run;
 use File::Temp qw(tempdir);
 use FindBin;
 use Time::HiRes qw(time);
+use List::Util qw(first);
 
 my $root = "$FindBin::RealBin/../..";
 my $seed = $ENV{IDEMPOTENCY_DIFF_SEED} || (int(time * 1000) ^ ($$ << 10)) % 2_000_000_000;
@@ -707,6 +715,7 @@ sub fail_with
 }
 
 my $tx;    # the open transaction: { si, left, written => {id} }
+my $async;    # a call that waits for the open transaction: { si, op }
 
 # Runs $sql in session $si of both editions (one after the other) and returns both results
 sub both
@@ -726,7 +735,9 @@ sub both
 sub let_short_intervals_end
 {
 	return if !$short_until;
-	my ($out) = $sess{c}[0]->run("SELECT pg_sleep(greatest(0, ($short_until - us(clock_timestamp())) / 1e6 + 0.0001)); $CLOCK");
+	# (in a session that is not waiting for a transaction)
+	my $free = first { !($async && $_ == $async->{si}) } 0 .. 2;
+	my ($out) = $sess{c}[$free]->run("SELECT pg_sleep(greatest(0, ($short_until - us(clock_timestamp())) / 1e6 + 0.0001)); $CLOCK");
 	$short_until = 0;
 	return;
 }
@@ -756,17 +767,41 @@ sub do_op
 			$res->{junk} .= $after->{junk} // '';
 			$res->{junk} .= $err if $err ne '';
 		}
-		$tx->{written}{ $op->{id} } = 1 if !$ec && $op->{fn} ne 'lookup';
+		# the keys this call wrote: their rows changed in the transaction's view
+		my %ids = map { $_ => 1 } keys %{ $tx->{rows} }, keys %{ $rc->{rows} };
+		for my $id (keys %ids)
+		{
+			$tx->{written}{$id} = 1 if show_row($tx->{rows}{$id}) ne show_row($rc->{rows}{$id});
+		}
+		$tx->{rows} = { %{ $rc->{rows} } };
 	}
 	else
 	{
 		($rc, $rs) = both($si, "$CLOCK $op->{sql}; $CLOCK $DUMP");
 	}
+	return check_op($op, $rc, $rs);
+}
+
+# Records an operation's results ($rc: the C edition's, $rs: the SQL edition's) and compares them
+sub check_op
+{
+	my ($op, $rc, $rs) = @_;
+	my $si = $op->{si};
 	$opno++;
 	for my $e (@editions)
 	{
 		my $res = $e eq 'c' ? $rc : $rs;
 		note_writers($e, $res);
+	}
+	if ($tx && !$op->{in_tx})
+	{
+		# what other sessions commit shows in the transaction (READ COMMITTED), but for its own keys
+		my %ids = map { $_ => 1 } keys %{ $tx->{rows} }, keys %{ $rc->{rows} };
+		for my $id (grep { !$tx->{written}{$_} } keys %ids)
+		{
+			if ($rc->{rows}{$id}) { $tx->{rows}{$id} = $rc->{rows}{$id} }
+			else { delete $tx->{rows}{$id} }
+		}
 	}
 	if ($op->{short})
 	{
@@ -793,19 +828,83 @@ sub do_op
 	return;
 }
 
+my @known;    # the known difference, each time it showed: { op, sql (its early answer), c }
+
 sub end_tx
 {
 	my $commit = rand() < 0.6;
 	my $si = $tx->{si};
 	$tx = undef;
 	let_short_intervals_end();
-	my ($rc, $rs) = both($si, ($commit ? 'COMMIT;' : 'ROLLBACK;') . " $CLOCK $CLOCK $DUMP");
-	$opno++;
-	note_writers($_, $_ eq 'c' ? $rc : $rs) for @editions;
+	my %early;
+	if ($async)
+	{
+		# it must still be waiting (an answer now would be one given without waiting)
+		for my $e (@editions)
+		{
+			my $s = $sess{$e}[ $async->{si} ];
+			$s->{h}->pump_nb;
+			next unless $s->done;
+			my ($out, $err) = $s->wait;
+			$early{$e} = parse_output($out, $err);
+		}
+		my $op = $async->{op};
+		my $none = { r => [], b => [], err => {} };
+		if ($early{c})
+		{
+			$opno++;
+			return fail_with('the C edition answered a call on a key an open transaction wrote before the transaction ended',
+				$op, $early{c}, $early{sql} // $none);
+		}
+		if ($early{sql})
+		{
+			# Known: the SQL edition refuses an owner's call (IK002, IK003, IK004) from the key's
+			# committed version without waiting for its writer; the C edition waits and decides on the
+			# new version (docs/contract.md §2, idem_complete, idem_fail).  Recorded as a TODO below
+			# (the refusal writes nothing, so the run goes on); anything else stops the run.
+			my $code = $early{sql}{err}{sqlstate} // '';
+			if ($op->{fn} =~ /^(complete|fail|extend|release)$/ && $code =~ /^IK00[234]$/) { push @known, { op => $op, sql => $early{sql} } }
+			else
+			{
+				$opno++;
+				return fail_with('the SQL edition answered a call on a key an open transaction wrote before the transaction ended',
+					$op, $none, $early{sql});
+			}
+		}
+	}
+	my ($rc, $rs) = both($si, ($commit ? 'COMMIT;' : 'ROLLBACK;') . " $CLOCK $CLOCK");
 	$stats{ $commit ? 'transaction: committed' : 'transaction: rolled back' }++;
 	my $op = { si => $si, sql => $commit ? 'COMMIT' : 'ROLLBACK', fn => 'end' };
 	return fail_with('unexpected output', $op, $rc, $rs) if $rc->{junk} || $rs->{junk} || %{ $rc->{err} } || %{ $rs->{err} };
-	my $msg = compare_rows();
+	my $msg;
+	if ($async)
+	{
+		# the waiting call decides on what the transaction left
+		my $a = $async;
+		$async = undef;
+		my %res;
+		for my $e (@editions)
+		{
+			if ($early{$e}) { $res{$e} = $early{$e}; next }
+			my ($out, $err) = $sess{$e}[ $a->{si} ]->wait;
+			$res{$e} = parse_output($out, $err);
+		}
+		$stats{ 'call that waited for a transaction: ' . ($commit ? 'after COMMIT' : 'after ROLLBACK') }++;
+		if ($early{sql})
+		{
+			# the known difference above: its answers are in the TODO; the rows are still compared
+			$known[-1]{c} = $res{c};
+			$opno++;
+			note_writers($_, $res{$_}) for @editions;
+		}
+		else { check_op($a->{op}, @res{@editions}) }
+		return if $failure;
+	}
+	# (after the waiting call: it may write as soon as the transaction ends)
+	($rc, $rs) = both($si, "$CLOCK $CLOCK $DUMP");
+	$opno++;
+	note_writers($_, $_ eq 'c' ? $rc : $rs) for @editions;
+	$msg = compare_rows();
 	return fail_with("idem_keys differs: $msg", $op, $rc, $rs) if $msg;
 	# the other sessions see the same again
 	my $other = ($si + 1) % 3;
@@ -826,7 +925,10 @@ while ($opno < $nops && !$failure)
 		{
 			my ($rc, $rs) = both($si, 'BEGIN;');
 			die "BEGIN failed" if %{ $rc->{err} } || %{ $rs->{err} };
-			$tx = { si => $si, left => 2 + int(rand(5)), written => {} };
+			# base: the keys that had a committed row when it began
+			# rows: the rows the transaction sees (C edition)
+			$tx = { si => $si, left => 2 + int(rand(5)), written => {}, base => { map { $_ => 1 } keys %{ $view{c} } },
+				rows => { %{ $view{c} } } };
 			next;
 		}
 		do_op(random_op($si));
@@ -845,8 +947,42 @@ while ($opno < $nops && !$failure)
 	}
 	# another session: a bounded-wait claim of a key the transaction wrote (it must answer
 	# in_progress with nothing visible), or a lookup of one, or any call on another key
-	my $si = pick(grep { $_ != $tx->{si} } 0 .. 2);
+	my $si = pick(grep { $_ != $tx->{si} && !($async && $_ == $async->{si}) } 0 .. 2);
 	my @held = sort keys %{ $tx->{written} };
+	if (@held && !$async && rand() < 0.25)
+	{
+		# a call without a bounded wait on a key the transaction wrote: it waits for the end of
+		# the transaction (sent now, checked then); one key only, so that it locks nothing else
+		my $id = pick(@held);
+		my ($scope, $key) = split /\0/, $id, -1;
+		# (complete, fail, extend, release and forget find a row as UPDATE and DELETE do: a row the
+		# transaction inserted is not there for them, nothing to wait for)
+		my $fn = $tx->{base}{$id} ? pick('claim', 'claim', 'complete', 'fail', 'extend', 'release', 'forget', 'claim_batch')
+		  : pick('claim', 'claim_batch');
+		my $op;
+		if ($fn eq 'claim_batch')
+		{
+			my $req = lit(pick(@{ $requests[ $identity{$id} ] }));
+			$op = { fn => $fn, si => $si, id => $id,
+				sql => "SELECT $BATCH_COLS FROM idem_claim_batch(ARRAY[" . lit($key) . "], scope => " . lit($scope)
+				  . ", requests => ARRAY[$req]::jsonb[])" };
+		}
+		else
+		{
+			# valid arguments only: a bad one is refused before the key is read, without waiting
+			my $bad = join('|', map { quotemeta } @bad, q{'\x'::bytea}, 'ab' x 65, q{'[]'}, q{'"x"'}, q{'null'});
+			do { $op = random_op($si, fn => $fn, id => $id) }
+			  while $op->{sql} =~ /wait => '|(scope|response_code|retryable|attempt|lease|force) => NULL|scope => 'sss/
+			  || $op->{id} ne $id || $op->{sql} =~ /idem_\w+\((NULL|E'|''|'x{256}|'caf|'y{255})/ || $op->{sql} =~ /$bad/;
+			$op->{sql} =~ s/force => false/force => true/;
+			$op->{sql} =~ s/(idem_forget\([^)]*)\)/$1, force => true)/ unless $op->{sql} =~ /force =>/;
+		}
+		$op->{async} = 1;
+		$sess{$_}[$si]->send("$CLOCK $op->{sql}; $CLOCK $DUMP") for @editions;
+		$async = { si => $si, op => $op };
+		$stats{'call sent to wait for a transaction'}++;
+		next;
+	}
 	if (@held && rand() < 0.5)
 	{
 		my $id = pick(@held);
@@ -870,6 +1006,16 @@ note sprintf('%d operations in %.1f s', $opno, $elapsed);
 note "  $_: $stats{$_}" for sort keys %stats;
 diag $failure if $failure;
 ok(!$failure, "the C and SQL editions agree on all $opno operations (seed $seed)");
+TODO:
+{
+	local $TODO = 'the SQL edition refuses an owner call on a key another transaction is writing without waiting for it';
+	for my $k (@known)
+	{
+		fail("SQL edition answered without waiting for the writer: $k->{op}{sql}\n"
+			  . "  sql (before the transaction ended): " . error_text($k->{sql}{err}) . "\n"
+			  . "  c (after it ended): " . (%{ $k->{c}{err} } ? error_text($k->{c}{err}) : join(' | ', map { @$_ } @{ $k->{c}{r} })));
+	}
+}
 cmp_ok($opno, '>=', $nops, "all $nops operations ran");
 # what the run must have exercised for its verdict to mean something
 if (!$failure && $nops >= 800)
