@@ -335,13 +335,13 @@ BEGIN
             r := ROW(scope_, key_, 'pending', 1, fingerprint_, NULL, NULL, NULL, now_,
                      CASE WHEN lease_ IS NULL
                           THEN now_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
-                               @extschema@.idem_sql_setting('idempotency.default_lease', 60000, 1, 2147483647, 'ms')
+                               (CASE WHEN coalesce(pg_catalog.current_setting('idempotency.default_lease', true), '') OPERATOR(pg_catalog.=) '' THEN 60000 ELSE @extschema@.idem_sql_setting('idempotency.default_lease', 60000, 1, 2147483647, 'ms') END)
                                OPERATOR(pg_catalog./) 1000.0)
                           ELSE @extschema@.idem_sql_duration_end(now_, lease_, 'lease') END,
                      NULL,
                      CASE WHEN ttl_ IS NULL
                           THEN now_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
-                               @extschema@.idem_sql_setting('idempotency.default_ttl', 86400, 1, 2147483647, 's'))
+                               (CASE WHEN coalesce(pg_catalog.current_setting('idempotency.default_ttl', true), '') OPERATOR(pg_catalog.=) '' THEN 86400 ELSE @extschema@.idem_sql_setting('idempotency.default_ttl', 86400, 1, 2147483647, 's') END))
                           ELSE @extschema@.idem_sql_duration_end(now_, ttl_, 'ttl') END,
                      NULL, NULL, now_);
             IF applied_ THEN
@@ -390,12 +390,19 @@ BEGIN
                OR (status OPERATOR(pg_catalog.=) 'committed'
                    AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed') THEN
                 BEGIN
-                    IF deadline IS NOT NULL THEN
-                        PERFORM @extschema@.idem_sql_lock_until(deadline);
+                    IF deadline IS NOT NULL AND deadline OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp() THEN
+                        -- `wait` is over (or 0): never block
+                        PERFORM FROM @extschema@.idem_keys AS k
+                          WHERE k.scope OPERATOR(pg_catalog.=) scope_ AND k.key OPERATOR(pg_catalog.=) key_
+                            FOR SHARE NOWAIT;
+                    ELSE
+                        IF deadline IS NOT NULL THEN
+                            PERFORM @extschema@.idem_sql_lock_until(deadline);
+                        END IF;
+                        PERFORM FROM @extschema@.idem_keys AS k
+                          WHERE k.scope OPERATOR(pg_catalog.=) scope_ AND k.key OPERATOR(pg_catalog.=) key_
+                            FOR SHARE;
                     END IF;
-                    PERFORM FROM @extschema@.idem_keys AS k
-                      WHERE k.scope OPERATOR(pg_catalog.=) scope_ AND k.key OPERATOR(pg_catalog.=) key_
-                        FOR SHARE;
                     -- undo the lock (and the setting): the look is all that was wanted
                     RAISE SQLSTATE 'IKW00';
                 EXCEPTION
@@ -479,7 +486,7 @@ BEGIN
             r.expires_at := greatest(r.expires_at,
                 CASE WHEN ttl_ IS NULL
                      THEN now_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
-                          @extschema@.idem_sql_setting('idempotency.default_ttl', 86400, 1, 2147483647, 's'))
+                          (CASE WHEN coalesce(pg_catalog.current_setting('idempotency.default_ttl', true), '') OPERATOR(pg_catalog.=) '' THEN 86400 ELSE @extschema@.idem_sql_setting('idempotency.default_ttl', 86400, 1, 2147483647, 's') END))
                      ELSE @extschema@.idem_sql_duration_end(now_, ttl_, 'ttl') END);
         ELSE
             -- §9.1: claimed anew in place, as a new key
@@ -488,7 +495,7 @@ BEGIN
             r.created_at := now_;
             r.expires_at := CASE WHEN ttl_ IS NULL
                                  THEN now_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
-                                      @extschema@.idem_sql_setting('idempotency.default_ttl', 86400, 1, 2147483647, 's'))
+                                      (CASE WHEN coalesce(pg_catalog.current_setting('idempotency.default_ttl', true), '') OPERATOR(pg_catalog.=) '' THEN 86400 ELSE @extschema@.idem_sql_setting('idempotency.default_ttl', 86400, 1, 2147483647, 's') END))
                                  ELSE @extschema@.idem_sql_duration_end(now_, ttl_, 'ttl') END;
         END IF;
         r.state := CASE WHEN applied_ THEN 'succeeded' ELSE 'pending' END;
@@ -502,7 +509,7 @@ BEGIN
         r.locked_until := CASE WHEN applied_ THEN NULL
                                WHEN lease_ IS NULL
                                THEN now_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
-                                    @extschema@.idem_sql_setting('idempotency.default_lease', 60000, 1, 2147483647, 'ms')
+                                    (CASE WHEN coalesce(pg_catalog.current_setting('idempotency.default_lease', true), '') OPERATOR(pg_catalog.=) '' THEN 60000 ELSE @extschema@.idem_sql_setting('idempotency.default_lease', 60000, 1, 2147483647, 'ms') END)
                                     OPERATOR(pg_catalog./) 1000.0)
                                ELSE @extschema@.idem_sql_duration_end(now_, lease_, 'lease') END;
         BEGIN

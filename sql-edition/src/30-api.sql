@@ -15,22 +15,51 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $fn$
 DECLARE
     deadline timestamptz;
+    given    bytea := fingerprint;
+    canonical text;
 BEGIN
-    PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
-    PERFORM @extschema@.idem_sql_check_scope(scope);
+    -- The usual arguments pass in simple expressions; anything else goes to the checks that
+    -- name what is wrong (a function call each: they cost a claim more than its index probe).
+    IF key IS NULL OR key OPERATOR(pg_catalog.~) '[^ -~]' OR pg_catalog.octet_length(key) OPERATOR(pg_catalog.<) 1
+       OR pg_catalog.octet_length(key) OPERATOR(pg_catalog.>) 255
+       OR pg_catalog.current_setting('idempotency.max_key_length', true) OPERATOR(pg_catalog.<>) '' THEN
+        PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
+    END IF;
+    IF scope IS NULL OR pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 255 THEN
+        PERFORM @extschema@.idem_sql_check_scope(scope);
+    END IF;
     IF ttl IS NOT NULL THEN
         PERFORM @extschema@.idem_sql_duration_end(pg_catalog.clock_timestamp(), ttl, 'ttl');
     END IF;
     IF lease IS NOT NULL THEN
         PERFORM @extschema@.idem_sql_duration_end(pg_catalog.clock_timestamp(), lease, 'lease');
     END IF;
-    deadline := @extschema@.idem_sql_deadline(wait);
-    PERFORM @extschema@.idem_sql_check_fingerprint(fingerprint, NULL);
-    PERFORM @extschema@.idem_sql_may('idem_claim()', '{SELECT,INSERT,UPDATE}');
-    RETURN @extschema@.idem_sql_claim_key(scope, key,
-        coalesce(fingerprint, CASE WHEN request IS NOT NULL
-                                   THEN @extschema@.idem_sql_fingerprint(scope, request, true) END),
-        CASE WHEN fingerprint IS NULL THEN request END, ttl, lease, deadline, false, false);
+    IF wait IS NOT NULL THEN
+        deadline := @extschema@.idem_sql_deadline(wait);
+    END IF;
+    IF given IS NOT NULL THEN
+        PERFORM @extschema@.idem_sql_check_fingerprint(given, NULL);
+    END IF;
+    IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'SELECT')
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'INSERT')
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'UPDATE') THEN
+        PERFORM @extschema@.idem_sql_may('idem_claim()', '{SELECT,INSERT,UPDATE}');
+    END IF;
+    IF given IS NULL AND request IS NOT NULL THEN
+        -- idem_sql_fingerprint's fast case, inline
+        canonical := request::text;
+        IF canonical OPERATOR(pg_catalog.~) '\.[0-9]*0([^0-9]|$)' THEN
+            given := @extschema@.idem_sql_fingerprint(scope, request, true);
+        ELSE
+            given := pg_catalog.sha256(pg_catalog.convert_to(scope, pg_catalog.getdatabaseencoding())
+                         OPERATOR(pg_catalog.||) '\x00'::bytea
+                         OPERATOR(pg_catalog.||) pg_catalog.convert_to(canonical, pg_catalog.getdatabaseencoding()));
+        END IF;
+    ELSE
+        request := NULL;  -- a given fingerprint is compared as given (§3)
+    END IF;
+    RETURN @extschema@.idem_sql_claim_key(scope, key, given, request, ttl, lease, deadline, false, false);
 END
 $fn$;
 
@@ -47,16 +76,32 @@ RETURNS @extschema@.idem_keys
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $fn$
 BEGIN
-    PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
-    PERFORM @extschema@.idem_sql_not_null(response_code, 'response_code');
-    PERFORM @extschema@.idem_sql_check_scope(scope);
+    -- The usual arguments pass in simple expressions; anything else goes to the checks that
+    -- name what is wrong (a function call each: they cost a claim more than its index probe).
+    IF key IS NULL OR key OPERATOR(pg_catalog.~) '[^ -~]' OR pg_catalog.octet_length(key) OPERATOR(pg_catalog.<) 1
+       OR pg_catalog.octet_length(key) OPERATOR(pg_catalog.>) 255
+       OR pg_catalog.current_setting('idempotency.max_key_length', true) OPERATOR(pg_catalog.<>) '' THEN
+        PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
+    END IF;
+    IF response_code IS NULL THEN
+        PERFORM @extschema@.idem_sql_not_null(response_code, 'response_code');
+    END IF;
+    IF scope IS NULL OR pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 255 THEN
+        PERFORM @extschema@.idem_sql_check_scope(scope);
+    END IF;
     IF ttl IS NOT NULL THEN
         PERFORM @extschema@.idem_sql_duration_end(pg_catalog.clock_timestamp(), ttl, 'ttl');
     END IF;
     IF headers IS NOT NULL AND pg_catalog.jsonb_typeof(headers) OPERATOR(pg_catalog.<>) 'object' THEN
         RAISE EXCEPTION 'argument "headers" must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM @extschema@.idem_sql_may('idem_complete()', '{SELECT,INSERT,UPDATE}');
+    IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'SELECT')
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'INSERT')
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'UPDATE') THEN
+        PERFORM @extschema@.idem_sql_may('idem_complete()', '{SELECT,INSERT,UPDATE}');
+    END IF;
+
     RETURN @extschema@.idem_sql_finish_key(scope, key, 'succeeded', response, response_code, NULL,
                                            attempt, ttl, body, headers, false);
 END
