@@ -134,7 +134,7 @@ SELECT is(
       JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'
       JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idempotency'
      WHERE has_function_privilege('regress_idem_x', p.oid, 'EXECUTE')),
-    'idem_claim,idem_claim_batch,idem_complete,idem_complete_batch,idem_extend,idem_fail,idem_forget,idem_lookup,idem_reap,idem_reap_all,idem_release,idem_row_security_apply,idem_row_security_check,idem_schedule_reaper,idem_scope_stats_get,idem_stats_dealloc,idem_stats_get,idem_unschedule_reaper',
+    'idem_claim,idem_claim_batch,idem_complete,idem_complete_batch,idem_edition,idem_extend,idem_fail,idem_forget,idem_lookup,idem_reap,idem_reap_all,idem_release,idem_row_security_apply,idem_row_security_check,idem_schedule_reaper,idem_scope_stats_get,idem_stats_dealloc,idem_stats_get,idem_unschedule_reaper',
     'PUBLIC may execute every routine but idem_stats_reset, idem_scope_stats_reset and the triggers'' functions (idem_row_security_apply checks the ownership of idem_keys itself)');
 SELECT is(
     (SELECT count(*) FROM pg_class c, aclexplode(c.relacl) a
