@@ -1,6 +1,7 @@
 import type { NextFunction, Request, RequestHandler, Response } from 'express';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { BodyTooLargeError, HttpIdempotency, RawBodyUnavailableError, readLimited, toHeaderRecord, type HttpIdempotencyOptions, type HttpResponse, type IdempotencyContext } from './http';
+import { contentLength } from './request';
 import type { IdempotencyStore } from './store';
 
 declare global {
@@ -83,7 +84,7 @@ async function readRawBody(req: WithRawBody, maxBytes: number): Promise<Buffer> 
       'a body parser read the request body without keeping its bytes: give it { verify: keepRawBody }',
     );
   }
-  const body = await readLimited(req, maxBytes);
+  const body = await readLimited(req, maxBytes, contentLength(req.rawHeaders));
   req[RAW_BODY] = body;
   return body;
 }

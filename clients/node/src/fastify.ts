@@ -65,11 +65,9 @@ export const fastifyIdempotency: FastifyPluginAsync<FastifyIdempotencyOptions> =
     // the bytes are read before the parser (Fastify's own bodyLimit is larger) and handed on to it
     const preParsing: preParsingHookHandler = async (request, reply, payload) => {
       if (!http.readsBody(request.method, request.raw.rawHeaders)) return payload;
-      const length = contentLength(request.raw.rawHeaders);
-      if (length !== undefined && length > http.maxBodyBytes) return sendResponse(reply, http.bodyTooLarge());
       let body: Buffer;
       try {
-        body = await readLimited(payload, http.maxBodyBytes);
+        body = await readLimited(payload, http.maxBodyBytes, contentLength(request.raw.rawHeaders));
       } catch (err) {
         if (err instanceof BodyTooLargeError) return sendResponse(reply, http.bodyTooLarge());
         throw err;

@@ -9,7 +9,7 @@ import {
   isSerializationFailure,
   translateError,
 } from './errors';
-import { contentLength, httpFingerprint, httpScope, isClaimedMethod, parseKeyHeader, type KeyHeader } from './request';
+import { httpFingerprint, httpScope, isClaimedMethod, parseKeyHeader, type KeyHeader } from './request';
 import { resolveHeartbeat, startHeartbeat, type Heartbeat, type IsolationLevel } from './run';
 import type { ClaimOptions, ClaimResult, Duration, FinishOptions, IdempotencyStore } from './store';
 
@@ -117,7 +117,7 @@ export interface RequestInput<Req = unknown> {
   rawHeaders: string[];
   /**
    * The body's exact bytes, read once the key is known to be needed; rejects with
-   * BodyTooLargeError, having kept no more than `maxBytes`, when the body is larger.
+   * BodyTooLargeError, having kept no more than `maxBytes`, when the body is larger (readLimited).
    */
   readBody: (maxBytes: number) => Promise<Buffer>;
 }
@@ -212,7 +212,7 @@ export class HttpIdempotency<Req = unknown> {
     return isClaimedMethod(method, this.options.claimSafeMethods) && this.keyHeader(rawHeaders).kind === 'key';
   }
 
-  /** The 413 answer for a body over the limit. */
+  /** The 413 answer for a body over the limit (see readLimited). */
   bodyTooLarge(): HttpResponse {
     return problem(413, 'idempotency_body_too_large', `the request body is larger than this route's limit of ${this.maxBodyBytes} bytes`);
   }
@@ -228,6 +228,7 @@ export class HttpIdempotency<Req = unknown> {
       return respond(problem(400, 'idempotency_key_missing', `this route requires the ${headerName} header`));
     }
     let caller: string | undefined;
+    let body: Buffer | undefined;
     if (header.kind === 'key') {
       if (o.caller !== undefined) {
         const id = o.caller(input.request);
@@ -238,23 +239,20 @@ export class HttpIdempotency<Req = unknown> {
         if (!id) return respond(problem(401, 'idempotency_caller_unknown', 'this route keeps keys per caller, and the request has none (not authenticated)'));
         caller = id;
       }
-      const length = contentLength(input.rawHeaders);
-      if (length !== undefined && length > this.maxBodyBytes) return respond(this.bodyTooLarge());
+      try {
+        body = await input.readBody(this.maxBodyBytes);
+      } catch (err) {
+        if (err instanceof BodyTooLargeError) return respond(this.bodyTooLarge());
+        if (!(err instanceof RawBodyUnavailableError)) throw err;
+        o.onError?.(err);
+        return respond(problem(500, 'idempotency_raw_body_unavailable', err.message));
+      }
     }
     if (o.validate) {
       const answer = await o.validate(input.request);
       if (answer !== undefined) return respond(validationResponse(answer));
     }
-    if (header.kind === 'missing') return { kind: 'pass' };
-    let body: Buffer;
-    try {
-      body = await input.readBody(this.maxBodyBytes);
-    } catch (err) {
-      if (err instanceof BodyTooLargeError) return respond(this.bodyTooLarge());
-      if (!(err instanceof RawBodyUnavailableError)) throw err;
-      o.onError?.(err);
-      return respond(problem(500, 'idempotency_raw_body_unavailable', err.message));
-    }
+    if (header.kind === 'missing' || body === undefined) return { kind: 'pass' };
     const fingerprint = httpFingerprint({
       method: input.method,
       target: input.target,
@@ -444,42 +442,47 @@ export class HttpIdempotency<Req = unknown> {
 }
 
 /**
- * The stream's bytes, or BodyTooLargeError as soon as they pass maxBytes: what was read is
- * dropped and the rest is discarded as it arrives (not kept), so that the client, still sending,
- * reads the 413 instead of a reset connection.
+ * The stream's bytes, or BodyTooLargeError once they pass maxBytes (at once when `announced`, the
+ * Content-Length, is over it). Over the limit nothing more is kept: the rest is read and dropped
+ * until the body ends, and only then is the error given, so that the 413 goes to a client that has
+ * finished sending. (A server that answers and closes while the client still sends resets the
+ * connection, and the client never reads the answer.) The server's request timeout bounds the wait.
  */
-export function readLimited(stream: NodeJS.ReadableStream, maxBytes: number): Promise<Buffer> {
+export function readLimited(stream: NodeJS.ReadableStream, maxBytes: number, announced?: number): Promise<Buffer> {
   return new Promise((resolve, reject) => {
     let chunks: Buffer[] = [];
     let size = 0;
+    let tooLarge = announced !== undefined && announced > maxBytes;
     const cleanup = () => {
       stream.removeListener('data', onData);
       stream.removeListener('end', onEnd);
       stream.removeListener('error', onError);
+      stream.removeListener('close', onClose);
     };
     const onData = (chunk: Buffer) => {
+      if (tooLarge) return;
       size += chunk.length;
-      if (size <= maxBytes) {
-        chunks.push(chunk);
-        return;
+      if (size <= maxBytes) chunks.push(chunk);
+      else {
+        tooLarge = true;
+        chunks = [];
       }
-      chunks = [];
-      cleanup();
-      stream.on('error', () => undefined); // a client that gives up on the rest is no error of ours
-      stream.resume();
-      reject(new BodyTooLargeError());
     };
     const onEnd = () => {
       cleanup();
-      resolve(Buffer.concat(chunks, size));
+      if (tooLarge) reject(new BodyTooLargeError());
+      else resolve(Buffer.concat(chunks, size));
     };
     const onError = (err: Error) => {
       cleanup();
       reject(err);
     };
+    // the client went away before the end of the body
+    const onClose = () => onError(new Error('the request was aborted before the end of its body'));
     stream.on('data', onData);
     stream.on('end', onEnd);
     stream.on('error', onError);
+    stream.on('close', onClose);
   });
 }
 
