@@ -89,8 +89,9 @@ describe('typed errors', () => {
     const schema = (await db.pool.query(`SELECT extnamespace::regnamespace::text AS s FROM pg_extension WHERE extname = 'idempotency'`)).rows[0].s;
     await db.pool.query(`CREATE ROLE ${role}; GRANT USAGE ON SCHEMA ${schema} TO ${role}; GRANT SELECT, INSERT, UPDATE ON ${schema}.idem_keys TO ${role}`);
     // the record says row-level security is on while the table has none: what a restore that
-    // could not apply it leaves (written without applying it)
-    await db.pool.query(`BEGIN; SET LOCAL idempotency_row_security.applying = on;
+    // could not apply it leaves (written without applying it: no trigger fires in replica mode,
+    // as in a data-only restore with --disable-triggers)
+    await db.pool.query(`BEGIN; SET LOCAL session_replication_role = replica;
       INSERT INTO ${schema}.idem_row_security (enabled, forced) VALUES (true, false); COMMIT`);
     const tenant = new Client({ database: db.name });
     await tenant.connect();
@@ -102,7 +103,7 @@ describe('typed errors', () => {
       assert.equal(err.httpStatus, 503);
     } finally {
       await tenant.end();
-      await db.pool.query(`BEGIN; SET LOCAL idempotency_row_security.applying = on; DELETE FROM ${schema}.idem_row_security; COMMIT`);
+      await db.pool.query(`BEGIN; SET LOCAL session_replication_role = replica; DELETE FROM ${schema}.idem_row_security; COMMIT`);
       await db.pool.query(`DROP OWNED BY ${role}; DROP ROLE ${role}`);
     }
   });
