@@ -77,8 +77,21 @@ def client(pool: ConnectionPool) -> Iterator[Client]:
             (order["customer"], order["total"], request.idempotency.key)).fetchone())()
         return JsonResponse({"order_id": row[0], "token": str(uuid.uuid4())}, status=201)
 
+    async def refuse_empty(request: HttpRequest) -> Any:
+        await asyncio.sleep(0)
+        return None if json.loads(request.body) else JsonResponse({"empty": True}, status=400)
+
+    async def committed(context: Any, response: Any) -> None:
+        await asyncio.sleep(0)
+        response["X-Committed-Key"] = context.key
+
+    @idem.leased(required=True, validate=refuse_empty, on_committed=committed)
+    async def hooked_async(request: HttpRequest, lease: Any) -> Any:
+        return JsonResponse({"attempt": lease.attempt}, status=201)
+
     urlpatterns[:] = [path("shops/<int:shop>/orders", create_order), path("payments", pay),
-                      path("async/payments", pay_async), path("async/orders", order_async)]
+                      path("async/payments", pay_async), path("async/orders", order_async),
+                      path("async/hooked", hooked_async)]
     clear_url_caches()
     yield Client(raise_request_exception=False, HTTP_AUTHORIZATION="Bearer token-alice")
     urlpatterns.clear()
@@ -177,6 +190,19 @@ def test_async_views_run_once_and_replay(client: Client, pool: ConnectionPool,
     replay = post(client, "/async/orders", {"customer": "ada", "total": 2}, key)
     assert replay["Idempotent-Replayed"] == "true" and replay.content == order.content
     assert orders(pool, key) == 1
+
+
+def test_an_async_views_hooks_may_be_coroutines(client: Client, pool: ConnectionPool,
+                                                key: str) -> None:
+    refused = post(client, "/async/hooked", {}, key)
+    assert refused.status_code == 400 and json.loads(refused.content) == {"empty": True}
+    with pool.connection() as conn:  # validate answered before the claim: nothing stored
+        assert conn.execute("SELECT count(*) FROM idem_keys WHERE key = %s",
+                            (key,)).fetchone() == (0,)
+    done = post(client, "/async/hooked", {"a": 1}, key)
+    assert done.status_code == 201 and done["X-Committed-Key"] == key
+    replay = post(client, "/async/hooked", {"a": 1}, key)
+    assert replay["Idempotent-Replayed"] == "true" and not replay.has_header("X-Committed-Key")
 
 
 def test_callers_scope_keys_and_an_unknown_caller_is_401(client: Client, pool: ConnectionPool,

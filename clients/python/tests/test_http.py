@@ -379,6 +379,18 @@ def test_a_body_over_the_limit_is_413_and_never_read_to_its_end(app: App, key: s
     assert exact.status == 201 and exact.body == b"1024"
 
 
+def test_an_unkeyed_request_is_not_read_by_the_library(app: App) -> None:
+    """No key on an optional route whose view does not read the body: a GiB is announced and
+    none of it sent, and the view's answer comes all the same (a library that read the body
+    first would wait for it forever)."""
+    head = [b"POST /things HTTP/1.1", b"Host: 127.0.0.1", b"Content-Length: 1073741824",
+            b"Authorization: " + ALICE["Authorization"].encode(),
+            b"Content-Type: application/octet-stream"]
+    answer = _answer_without_sending_the_body(app.port, head, b"")
+    assert answer.status == 201 and json.loads(answer.body)["user"] == "alice"
+    assert answer.header("Idempotent-Replayed") is None
+
+
 def test_an_unkeyed_body_is_left_to_the_application(client: httpx.Client) -> None:
     """No key on an optional route: the library reads nothing, so its limit does not apply and
     the view reads the whole body itself."""
