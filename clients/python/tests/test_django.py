@@ -16,6 +16,7 @@ from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.test import Client
 from django.urls import clear_url_caches, path
+from django.utils.asyncio import async_unsafe
 from psycopg_pool import ConnectionPool
 
 if not settings.configured:
@@ -63,7 +64,10 @@ def client(pool: ConnectionPool) -> Iterator[Client]:
         return JsonResponse({"provider_key": lease.key, "attempt": lease.attempt,
                              "token": str(uuid.uuid4())}, status=201)
 
-    @idem.leased(required=True)
+    # a hook that, like request.user's first load, refuses to run on an event loop
+    @idem.leased(required=True,
+                 caller=async_unsafe(lambda request: USERS.get(request.headers.get(
+                     "Authorization"))))
     async def pay_async(request: HttpRequest, lease: Any) -> Any:
         await asyncio.sleep(0)  # a coroutine all the way: awaited by the integration
         return JsonResponse({"provider_key": lease.key, "attempt": lease.attempt,

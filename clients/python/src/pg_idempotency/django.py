@@ -11,10 +11,11 @@
     def pay(request, lease):           # no transaction open; lease.key for the provider
         ...
 
-An ``async def`` view works alike (under ASGI or WSGI): the claim, the database calls and the
-stored response run in a worker thread, the view on the event loop; the ``conn`` or ``lease``
-it is given is the sync one, so it calls the connection through ``sync_to_async`` as Django's
-ORM is called from async code.
+An ``async def`` view works alike (under ASGI or WSGI): the hooks (``caller``, ``tenant``, a
+sync ``validate``, ``on_committed``), the claim, the database calls and the stored response run
+in worker threads, the view on the event loop; the ``conn`` or ``lease`` it is given is the sync
+one, so it calls the connection through ``sync_to_async`` as Django's ORM is called from async
+code.
 
 ``request.idempotency`` is the key, scope and attempt (``KeyContext``, a ``Lease`` in lease
 mode; None without a key). Hooks: ``validate(request)`` runs before the key is claimed (a
@@ -63,7 +64,7 @@ class DjangoIdempotency(http.RouteDecorators[View]):
     """
 
     def __init__(self, idempotency: Idempotency, *,
-                 caller: Optional[Callable[[HttpRequest], Optional[str]]] = None,
+                 caller: Optional[Callable[[HttpRequest], http.CallerId]] = None,
                  public: bool = False,
                  tenant: Optional[Callable[[HttpRequest], Optional[str]]] = None,
                  settings: http.HttpSettings = http.HttpSettings()) -> None:
@@ -80,13 +81,15 @@ class DjangoIdempotency(http.RouteDecorators[View]):
                 @functools.wraps(view)
                 async def async_wrapper(request: HttpRequest, *args: Any,
                                         **kwargs: Any) -> HttpResponseBase:
-                    prepared = self._prepare(options, request)
+                    # off the loop: the caller hook may load request.user (the ORM, which
+                    # refuses to run on an event loop), and the body is read from a file
+                    prepared = await sync_to_async(self._prepare)(options, request)
                     if isinstance(prepared, http.HttpResponse):
                         return _to_django(prepared)
-                    if options.validate is not None:
-                        refused = options.validate(request)
-                        if asyncio.iscoroutine(refused):
-                            refused = await refused
+                    validate = options.validate
+                    if validate is not None:
+                        refused = (await validate(request) if asyncio.iscoroutinefunction(validate)
+                                   else await sync_to_async(validate)(request))
                         if refused is not None:
                             return refused  # type: ignore[no-any-return]
 

@@ -60,8 +60,8 @@ class FastAPIIdempotency(http.RouteDecorators[Endpoint]):
     """
 
     def __init__(self, idempotency: AsyncIdempotency, *,
-                 caller: Optional[Callable[[Request], Union[Optional[str],
-                                                            Awaitable[Optional[str]]]]] = None,
+                 caller: Optional[Callable[[Request], Union[http.CallerId,
+                                                            Awaitable[http.CallerId]]]] = None,
                  public: bool = False,
                  tenant: Optional[Callable[[Request], Union[Optional[str],
                                                             Awaitable[Optional[str]]]]] = None,

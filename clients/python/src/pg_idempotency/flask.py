@@ -50,7 +50,7 @@ class FlaskIdempotency(http.RouteDecorators[View]):
     """
 
     def __init__(self, idempotency: Idempotency, *,
-                 caller: Optional[Callable[[flask.Request], Optional[str]]] = None,
+                 caller: Optional[Callable[[flask.Request], http.CallerId]] = None,
                  public: bool = False,
                  tenant: Optional[Callable[[], Optional[str]]] = None,
                  settings: http.HttpSettings = http.HttpSettings()) -> None:

@@ -29,6 +29,8 @@ from . import errors
 from .results import ClaimResult, InProgress, Replayed, Reply
 
 Disposition = Literal["complete", "terminal", "retryable"]
+#: what a caller hook returns: the principal's id (None or "": nobody authenticated)
+CallerId = Union[str, int, None]
 REPLAYED_HEADER = "Idempotent-Replayed"
 PROBLEM_JSON = "application/problem+json"
 #: methods that read: passed through without a claim unless a route sets claim_safe_methods
@@ -533,7 +535,7 @@ def run_hook(hook: Callable[[], Any], name: str) -> None:
 
 
 __all__ = [
-    "CALLER_REQUIRED", "DEFAULT_MAX_BODY_BYTES", "Disposition", "HttpResponse", "HttpSettings",
+    "CALLER_REQUIRED", "CallerId", "DEFAULT_MAX_BODY_BYTES", "Disposition", "HttpResponse", "HttpSettings",
     "KeyedRequest", "RouteOptions", "SAFE_METHODS", "UnkeyedRequest", "default_disposition",
     "fingerprint", "for_error", "for_result", "http_scope", "parse_key", "problem", "replay",
     "reply_for",
