@@ -421,6 +421,23 @@ def test_a_repeated_fingerprint_header_is_one_value(app: App, framework: str, ke
     assert post("b", "a").status == 422
 
 
+def test_a_repeated_content_type(app: App, framework: str, key: str) -> None:
+    """ASGI: the lines joined with ", "; werkzeug keeps the last line of a repeated
+    Content-Type (README "Repeated headers")."""
+    def post(*values: str) -> rawhttp.Answer:
+        return rawhttp.send(app.port, "POST", "/things",
+                            [("Idempotency-Key", key), *ALICE.items(),
+                             *(("Content-Type", value) for value in values)], b"{}")
+
+    first = post("text/plain", "application/json")
+    assert first.status == 201
+    same, other = (("application/json",), ("text/plain, application/json",)) \
+        if framework == "flask" else (("text/plain, application/json",), ("application/json",))
+    replay = post(*same)
+    assert replay.header("Idempotent-Replayed") == "true" and replay.body == first.body
+    assert post(*other).status == 422
+
+
 # ---- failures by policy -------------------------------------------------------------------
 
 def test_retryable_failure_runs_again_and_terminal_failure_replays(
