@@ -46,7 +46,7 @@ function middlewareApp(store: IdempotencyStore, mode: 'transaction' | 'lease') {
     next();
   });
   app.use(express.json({ verify: keepRawBody }));
-  app.post('/orders', idempotent(store, { required: true, mode }), async (req, res) => {
+  app.post('/orders', idempotent(store, { public: true, required: true, mode }), async (req, res) => {
     const ctx = req.idempotency!;
     const db = ctx.client ?? store.pool;
     const { rows } = await db.query('INSERT INTO bench_orders (item) VALUES ($1) RETURNING id', [req.body.item]);

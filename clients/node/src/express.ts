@@ -1,6 +1,6 @@
 import type { NextFunction, Request, RequestHandler, Response } from 'express';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { HttpIdempotency, RawBodyUnavailableError, toHeaderRecord, type HttpIdempotencyOptions, type HttpResponse, type IdempotencyContext } from './http';
+import { BodyTooLargeError, HttpIdempotency, RawBodyUnavailableError, readLimited, toHeaderRecord, type HttpIdempotencyOptions, type HttpResponse, type IdempotencyContext } from './http';
 import type { IdempotencyStore } from './store';
 
 declare global {
@@ -36,13 +36,14 @@ export function rawBody(req: Request): Buffer | undefined {
 }
 
 /**
- * Express middleware; mount it on the route, after the body parsers
- * (`app.post('/orders', express.json({ verify: keepRawBody }), idempotent(store), handler)`), so
- * that the scope is the method and the route pattern. The handler's response is held until the
- * key is stored (and, in same-transaction mode, committed), then sent.
+ * Express middleware; mount it on the route, after the authentication and the body parsers
+ * (`app.post('/orders', express.json({ verify: keepRawBody }), idempotent(store, { caller: (req) =>
+ * req.user.id }), handler)`), so that the scope is the method, the route pattern and the caller.
+ * The handler's response is held until the key is stored (and, in same-transaction mode,
+ * committed), then sent. Throws a TypeError when the options give neither `caller` nor `public`.
  */
-export function idempotent(store: IdempotencyStore, options: ExpressIdempotencyOptions = {}): RequestHandler {
-  const http = new HttpIdempotency<Request>(store, options);
+export function idempotent(store: IdempotencyStore, options: ExpressIdempotencyOptions): RequestHandler {
+  const http = new HttpIdempotency<Request>(store, options ?? {});
   return (req: Request, res: Response, next: NextFunction) => {
     const route = req.route?.path === undefined ? req.path : `${req.baseUrl}${String(req.route.path)}`;
     http
@@ -53,7 +54,7 @@ export function idempotent(store: IdempotencyStore, options: ExpressIdempotencyO
         route,
         tenant: options.tenant?.(req),
         rawHeaders: req.rawHeaders,
-        readBody: () => readRawBody(req as WithRawBody),
+        readBody: (maxBytes) => readRawBody(req as WithRawBody, maxBytes),
       })
       .then((decision) => {
         if (decision.kind === 'pass') return next();
@@ -67,21 +68,22 @@ export function idempotent(store: IdempotencyStore, options: ExpressIdempotencyO
 }
 
 /**
- * The bytes kept by keepRawBody, or the stream read here when no parser read it. A stream that a
- * parser consumed without keepRawBody cannot be known: refused, never guessed.
+ * The bytes kept by keepRawBody, or the stream read here when no parser read it, up to maxBytes.
+ * A stream that a parser consumed without keepRawBody cannot be known: refused, never guessed.
  */
-async function readRawBody(req: WithRawBody): Promise<Buffer> {
+async function readRawBody(req: WithRawBody, maxBytes: number): Promise<Buffer> {
   const kept = req[RAW_BODY];
-  if (kept !== undefined) return kept;
+  if (kept !== undefined) {
+    if (kept.length > maxBytes) throw new BodyTooLargeError();
+    return kept;
+  }
   if (req.readableEnded || req.readableFlowing !== null) {
     if (!hasBody(req)) return Buffer.alloc(0);
     throw new RawBodyUnavailableError(
       'a body parser read the request body without keeping its bytes: give it { verify: keepRawBody }',
     );
   }
-  const chunks: Buffer[] = [];
-  for await (const chunk of req) chunks.push(chunk as Buffer);
-  const body = Buffer.concat(chunks);
+  const body = await readLimited(req, maxBytes);
   req[RAW_BODY] = body;
   return body;
 }

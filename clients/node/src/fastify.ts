@@ -1,4 +1,4 @@
-import { Transform, type TransformCallback } from 'node:stream';
+import { Readable } from 'node:stream';
 import type {
   FastifyInstance,
   FastifyPluginAsync,
@@ -9,7 +9,17 @@ import type {
   preHandlerHookHandler,
   preParsingHookHandler,
 } from 'fastify';
-import { HttpIdempotency, toHeaderRecord, type HttpIdempotencyOptions, type HttpResponse, type IdempotencyContext, type Session } from './http';
+import {
+  BodyTooLargeError,
+  HttpIdempotency,
+  readLimited,
+  toHeaderRecord,
+  type HttpIdempotencyOptions,
+  type HttpResponse,
+  type IdempotencyContext,
+  type Session,
+} from './http';
+import { contentLength } from './request';
 import type { IdempotencyStore } from './store';
 
 declare module 'fastify' {
@@ -32,29 +42,43 @@ export interface FastifyIdempotencyOptions extends HttpIdempotencyOptions<Fastif
 /**
  * Fastify plugin: routes with `config: { idempotency: true | {...options} }` get the key checks,
  * the claim before the handler, and the response stored (and committed) in onSend before it is
- * sent. Register it before the routes. The body's bytes are kept as they stream to the content
- * type parser (preParsing), whatever the parser; a body no parser reads is read here.
+ * sent. Register it before the routes. A keyed request's body is read here (preParsing, up to
+ * `maxBodyBytes`) and handed on to whatever content type parser runs; other requests' bodies are
+ * not touched. Each route must say who its caller is (`caller`, here or in the route's options)
+ * or opt out (`public: true`): a route that says neither is refused with a TypeError.
  */
 export const fastifyIdempotency: FastifyPluginAsync<FastifyIdempotencyOptions> = async (
   fastify: FastifyInstance,
   { store, tenant, ...defaults },
 ) => {
   const sessions = new WeakMap<FastifyRequest, Session>();
-  const bodies = new WeakMap<FastifyRequest, RecordingStream>();
+  const bodies = new WeakMap<FastifyRequest, Buffer>();
 
   fastify.addHook('onRoute', (route) => {
     const config = (route.config as { idempotency?: boolean | HttpIdempotencyOptions<FastifyRequest> } | undefined)?.idempotency;
     if (!config) return;
-    const http = new HttpIdempotency<FastifyRequest>(store, config === true ? defaults : { ...defaults, ...config });
+    const http = new HttpIdempotency<FastifyRequest>(store, config === true ? defaults : routeOptions(defaults, config));
     const methods = Array.isArray(route.method) ? route.method : [route.method];
     if (methods.length !== 1) throw new Error(`idempotency: route ${route.url} must have one method (its scope)`);
     const scopeRoute = route.url;
 
-    const preParsing: preParsingHookHandler = async (request, _reply, payload) => {
-      const recording = new RecordingStream();
-      payload.on('error', (err) => recording.destroy(err));
-      bodies.set(request, recording);
-      return payload.pipe(recording);
+    // the bytes are read before the parser (Fastify's own bodyLimit is larger) and handed on to it
+    const preParsing: preParsingHookHandler = async (request, reply, payload) => {
+      if (!http.readsBody(request.method, request.raw.rawHeaders)) return payload;
+      const length = contentLength(request.raw.rawHeaders);
+      if (length !== undefined && length > http.maxBodyBytes) return sendResponse(reply, http.bodyTooLarge());
+      let body: Buffer;
+      try {
+        body = await readLimited(payload, http.maxBodyBytes);
+      } catch (err) {
+        if (err instanceof BodyTooLargeError) return sendResponse(reply, http.bodyTooLarge());
+        throw err;
+      }
+      bodies.set(request, body);
+      const replay = Readable.from(body.length === 0 ? [] : [body], { objectMode: false });
+      // what Fastify compares with Content-Length: the bytes as they came (before any decoding)
+      (replay as Readable & { receivedEncodedLength?: number }).receivedEncodedLength = body.length;
+      return replay;
     };
     const preHandler: preHandlerHookHandler = async (request, reply) => {
       const decision = await http.begin({
@@ -64,7 +88,7 @@ export const fastifyIdempotency: FastifyPluginAsync<FastifyIdempotencyOptions> =
         route: scopeRoute,
         tenant: tenant?.(request),
         rawHeaders: request.raw.rawHeaders,
-        readBody: () => bodies.get(request)?.bytes() ?? Promise.resolve(Buffer.alloc(0)),
+        readBody: async () => bodies.get(request) ?? Buffer.alloc(0),
       });
       if (decision.kind === 'pass') return;
       if (decision.kind === 'respond') return sendResponse(reply, decision.response);
@@ -104,22 +128,18 @@ export const fastifyIdempotency: FastifyPluginAsync<FastifyIdempotencyOptions> =
 // hooks apply to the routes of the instance that registers the plugin, not only inside it
 (fastifyIdempotency as unknown as Record<symbol, boolean>)[Symbol.for('skip-override')] = true;
 
-/** Passes the body on to the parser and keeps a copy of its bytes. */
-class RecordingStream extends Transform {
-  private readonly chunks: Buffer[] = [];
-
-  override _transform(chunk: Buffer, _encoding: BufferEncoding, callback: TransformCallback): void {
-    this.chunks.push(chunk);
-    callback(null, chunk);
-  }
-
-  /** All the bytes; what no parser read is read now (and dropped after being kept). */
-  async bytes(): Promise<Buffer> {
-    if (!this.readableEnded) {
-      for await (const chunk of this) void chunk;
-    }
-    return Buffer.concat(this.chunks);
-  }
+/**
+ * A route's options over the plugin's: a route that names its caller, or opts out, replaces the
+ * plugin's choice of the other (both in one options object is still refused).
+ */
+function routeOptions(
+  defaults: HttpIdempotencyOptions<FastifyRequest>,
+  route: HttpIdempotencyOptions<FastifyRequest>,
+): HttpIdempotencyOptions<FastifyRequest> {
+  const merged = { ...defaults, ...route };
+  if (route.public === true && route.caller === undefined) delete merged.caller;
+  if (route.caller !== undefined && route.public === undefined) delete merged.public;
+  return merged;
 }
 
 function sendResponse(reply: FastifyReply, response: HttpResponse): FastifyReply {

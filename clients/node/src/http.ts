@@ -9,7 +9,7 @@ import {
   isSerializationFailure,
   translateError,
 } from './errors';
-import { httpFingerprint, parseKeyHeader } from './request';
+import { contentLength, httpFingerprint, httpScope, isClaimedMethod, parseKeyHeader, type KeyHeader } from './request';
 import { resolveHeartbeat, startHeartbeat, type Heartbeat, type IsolationLevel } from './run';
 import type { ClaimOptions, ClaimResult, Duration, FinishOptions, IdempotencyStore } from './store';
 
@@ -42,6 +42,21 @@ export interface ValidationAnswer {
 }
 
 export interface HttpIdempotencyOptions<Req = unknown> {
+  /**
+   * Who sent the request: the authenticated principal's stable id (`(req) => req.user.id`). Every
+   * key is stored under its caller, so that one caller never gets another's answer. A keyed request
+   * for which it returns nothing (null, undefined or "") is answered 401. Give this or `public`.
+   */
+  caller?: (request: Req) => string | null | undefined;
+  /**
+   * true: the route has no callers to tell apart (a webhook keyed by the sender's own event id);
+   * any client that sends a key gets the answer stored for it. Give this or `caller`.
+   */
+  public?: boolean;
+  /** The largest body of a keyed request the library reads, in bytes (default 102400); larger: 413. */
+  maxBodyBytes?: number;
+  /** Claim GET, HEAD, OPTIONS and TRACE requests too (default false: they pass through untouched). */
+  claimSafeMethods?: boolean;
   /** `transaction` (default): the handler writes through the claim's transaction; `lease`: autocommit claim. */
   mode?: 'transaction' | 'lease';
   /** Answer 400 when the header is missing (default false: such requests pass through untouched). */
@@ -52,7 +67,7 @@ export interface HttpIdempotencyOptions<Req = unknown> {
   maxKeyLength?: number;
   /** Request headers that are part of the fingerprint. */
   fingerprintHeaders?: string[];
-  /** Response headers stored and replayed with the body (default content-type and location). */
+  /** Response headers stored and replayed with the body (default content-type, location, cache-control). */
   replayHeaders?: string[];
   ttl?: Duration;
   /** Lease mode: how long the key stays ours without a heartbeat (default 60 s). */
@@ -100,8 +115,11 @@ export interface RequestInput<Req = unknown> {
   tenant?: string;
   /** node's raw header list: it shows a repeated header that Node would join or drop. */
   rawHeaders: string[];
-  /** The body's exact bytes, read once the key is known to be needed. */
-  readBody: () => Promise<Buffer>;
+  /**
+   * The body's exact bytes, read once the key is known to be needed; rejects with
+   * BodyTooLargeError, having kept no more than `maxBytes`, when the body is larger.
+   */
+  readBody: (maxBytes: number) => Promise<Buffer>;
 }
 
 export type Decision =
@@ -121,6 +139,8 @@ export interface Session {
 export type ProblemCode =
   | 'idempotency_key_missing'
   | 'idempotency_key_invalid'
+  | 'idempotency_caller_unknown'
+  | 'idempotency_body_too_large'
   | 'idempotency_key_in_progress'
   | 'idempotency_key_mismatch'
   | 'idempotency_unavailable'
@@ -130,6 +150,33 @@ export type ProblemCode =
 
 /** The raw body cannot be known (a parser consumed it without keeping it): a setup error, answered 500. */
 export class RawBodyUnavailableError extends Error {}
+
+/** The body is over the route's limit (`maxBodyBytes`): answered 413. */
+export class BodyTooLargeError extends Error {}
+
+/** docs/http.md, "Body size": Express's own default, the smallest of the frameworks'. */
+export const DEFAULT_MAX_BODY_BYTES = 102_400;
+const DEFAULT_REPLAY_HEADERS = ['content-type', 'location', 'cache-control'];
+
+const CALLER_HINT =
+  'caller: (req) => req.user.id (the authenticated principal), or public: true for a route without callers ' +
+  '(e.g. a webhook keyed by the sender\'s own event id); see docs/http.md "Keys belong to a caller"';
+
+/**
+ * Refuses, when the route is mounted, options that do not say who the caller is (or say it twice),
+ * and a body limit that is not a byte count.
+ */
+export function checkOptions(options: HttpIdempotencyOptions<never>): void {
+  const hasCaller = options.caller !== undefined;
+  const isPublic = options.public === true;
+  if (!hasCaller && !isPublic) throw new TypeError(`pg-idempotency: say who the caller is: ${CALLER_HINT}`);
+  if (hasCaller && isPublic) throw new TypeError(`pg-idempotency: give either caller or public: true, not both: ${CALLER_HINT}`);
+  if (hasCaller && typeof options.caller !== 'function') throw new TypeError(`pg-idempotency: caller must be a function: ${CALLER_HINT}`);
+  const max = options.maxBodyBytes;
+  if (max !== undefined && !(Number.isSafeInteger(max) && max >= 0)) {
+    throw new TypeError('pg-idempotency: maxBodyBytes must be a whole number of bytes (0 or more)');
+  }
+}
 
 const ENVELOPE = 'idempotency_http';
 const SAVEPOINT = 'idempotency_handler';
@@ -142,18 +189,57 @@ export class HttpIdempotency<Req = unknown> {
   readonly store: IdempotencyStore;
   private readonly options: HttpIdempotencyOptions<Req>;
 
-  constructor(store: IdempotencyStore, options: HttpIdempotencyOptions<Req> = {}) {
+  /** Throws a TypeError when the options do not say who the caller is (see checkOptions). */
+  constructor(store: IdempotencyStore, options: HttpIdempotencyOptions<Req>) {
+    checkOptions(options as HttpIdempotencyOptions<never>);
     this.store = store;
     this.options = options;
   }
 
+  get maxBodyBytes(): number {
+    return this.options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
+  }
+
+  private keyHeader(rawHeaders: readonly string[]): KeyHeader {
+    return parseKeyHeader(rawHeaders, this.options.headerName ?? 'Idempotency-Key', this.options.maxKeyLength ?? 255);
+  }
+
+  /**
+   * Whether the library will read this request's body: a claimed method with a well-formed key.
+   * Everything else is left to the handler and its parsers (docs/http.md, "Body size").
+   */
+  readsBody(method: string, rawHeaders: readonly string[]): boolean {
+    return isClaimedMethod(method, this.options.claimSafeMethods) && this.keyHeader(rawHeaders).kind === 'key';
+  }
+
+  /** The 413 answer for a body over the limit. */
+  bodyTooLarge(): HttpResponse {
+    return problem(413, 'idempotency_body_too_large', `the request body is larger than this route's limit of ${this.maxBodyBytes} bytes`);
+  }
+
   async begin(input: RequestInput<Req>): Promise<Decision> {
     const o = this.options;
+    // safe methods pass through as if the library were absent (docs/http.md, "Methods")
+    if (!isClaimedMethod(input.method, o.claimSafeMethods)) return { kind: 'pass' };
     const headerName = o.headerName ?? 'Idempotency-Key';
-    const header = parseKeyHeader(input.rawHeaders, headerName, o.maxKeyLength ?? 255);
+    const header = this.keyHeader(input.rawHeaders);
     if (header.kind === 'invalid') return respond(problem(400, 'idempotency_key_invalid', header.detail));
     if (header.kind === 'missing' && o.required) {
       return respond(problem(400, 'idempotency_key_missing', `this route requires the ${headerName} header`));
+    }
+    let caller: string | undefined;
+    if (header.kind === 'key') {
+      if (o.caller !== undefined) {
+        const id = o.caller(input.request);
+        if (id !== undefined && id !== null && typeof id !== 'string') {
+          throw new TypeError(`pg-idempotency: the caller hook must return a string id (or null), not a ${typeof id}`);
+        }
+        // no caller, no key: another caller's stored answer must never be reachable
+        if (!id) return respond(problem(401, 'idempotency_caller_unknown', 'this route keeps keys per caller, and the request has none (not authenticated)'));
+        caller = id;
+      }
+      const length = contentLength(input.rawHeaders);
+      if (length !== undefined && length > this.maxBodyBytes) return respond(this.bodyTooLarge());
     }
     if (o.validate) {
       const answer = await o.validate(input.request);
@@ -162,8 +248,9 @@ export class HttpIdempotency<Req = unknown> {
     if (header.kind === 'missing') return { kind: 'pass' };
     let body: Buffer;
     try {
-      body = await input.readBody();
+      body = await input.readBody(this.maxBodyBytes);
     } catch (err) {
+      if (err instanceof BodyTooLargeError) return respond(this.bodyTooLarge());
       if (!(err instanceof RawBodyUnavailableError)) throw err;
       o.onError?.(err);
       return respond(problem(500, 'idempotency_raw_body_unavailable', err.message));
@@ -175,7 +262,7 @@ export class HttpIdempotency<Req = unknown> {
       fingerprintHeaders: o.fingerprintHeaders,
       body,
     });
-    const scope = input.tenant === undefined ? `${input.method} ${input.route}` : `${input.tenant}:${input.method} ${input.route}`;
+    const scope = httpScope({ method: input.method, route: input.route, tenant: input.tenant, caller });
     const claimOptions: ClaimOptions = { key: header.key, scope, fingerprint, ttl: o.ttl, wait: o.wait };
     try {
       return o.mode === 'lease'
@@ -319,7 +406,7 @@ export class HttpIdempotency<Req = unknown> {
   /** complete/fail arguments that let the response come back byte for byte. */
   private async stored(claimOptions: ClaimOptions, response: HttpResponse): Promise<FinishOptions> {
     const headers: Record<string, string | string[]> = {};
-    for (const name of this.options.replayHeaders ?? ['content-type', 'location']) {
+    for (const name of this.options.replayHeaders ?? DEFAULT_REPLAY_HEADERS) {
       const value = response.headers[name.toLowerCase()];
       if (value !== undefined) headers[name.toLowerCase()] = Array.isArray(value) ? value.map(String) : String(value);
     }
@@ -354,6 +441,46 @@ export class HttpIdempotency<Req = unknown> {
     }
     return problem(500, 'idempotency_internal_error', 'the idempotency store failed');
   }
+}
+
+/**
+ * The stream's bytes, or BodyTooLargeError as soon as they pass maxBytes: what was read is
+ * dropped and the rest is discarded as it arrives (not kept), so that the client, still sending,
+ * reads the 413 instead of a reset connection.
+ */
+export function readLimited(stream: NodeJS.ReadableStream, maxBytes: number): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    let chunks: Buffer[] = [];
+    let size = 0;
+    const cleanup = () => {
+      stream.removeListener('data', onData);
+      stream.removeListener('end', onEnd);
+      stream.removeListener('error', onError);
+    };
+    const onData = (chunk: Buffer) => {
+      size += chunk.length;
+      if (size <= maxBytes) {
+        chunks.push(chunk);
+        return;
+      }
+      chunks = [];
+      cleanup();
+      stream.on('error', () => undefined); // a client that gives up on the rest is no error of ours
+      stream.resume();
+      reject(new BodyTooLargeError());
+    };
+    const onEnd = () => {
+      cleanup();
+      resolve(Buffer.concat(chunks, size));
+    };
+    const onError = (err: Error) => {
+      cleanup();
+      reject(err);
+    };
+    stream.on('data', onData);
+    stream.on('end', onEnd);
+    stream.on('error', onError);
+  });
 }
 
 /** No answer from the database (refused, reset, timed out): the client may retry later. */

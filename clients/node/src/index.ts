@@ -2,6 +2,8 @@ export * from './errors';
 export * from './store';
 export * from './run';
 export {
+  BodyTooLargeError,
+  DEFAULT_MAX_BODY_BYTES,
   HttpIdempotency,
   RawBodyUnavailableError,
   decodeStored,
@@ -17,4 +19,13 @@ export {
   type StatusOutcome,
   type ValidationAnswer,
 } from './http';
-export { httpFingerprint, parseKeyHeader, type FingerprintInput, type KeyHeader } from './request';
+export {
+  headerValue,
+  httpFingerprint,
+  httpScope,
+  isClaimedMethod,
+  parseKeyHeader,
+  type FingerprintInput,
+  type KeyHeader,
+  type ScopeInput,
+} from './request';

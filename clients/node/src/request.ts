@@ -97,11 +97,50 @@ export function httpFingerprint(input: FingerprintInput): Buffer {
   return hash.digest();
 }
 
-/** Every line of the header, joined by ", " ("" when absent). */
-function headerValue(rawHeaders: readonly string[], lowerCaseName: string): string {
+/**
+ * Every field line of the header, in order, joined by ", " ("" when absent): docs/http.md,
+ * "Repeated headers". Built from the raw lines, since Node itself joins some headers with ", ",
+ * keeps only the first line of others (Content-Type) and puts cookies in an array.
+ */
+export function headerValue(rawHeaders: readonly string[], lowerCaseName: string): string {
   const values: string[] = [];
   for (let i = 0; i + 1 < rawHeaders.length; i += 2) {
     if (rawHeaders[i].length === lowerCaseName.length && rawHeaders[i].toLowerCase() === lowerCaseName) values.push(rawHeaders[i + 1]);
   }
   return values.join(', ');
+}
+
+/** The methods docs/http.md ("Methods") passes through unless a route claims them. */
+const SAFE_METHODS: ReadonlySet<string> = new Set(['GET', 'HEAD', 'OPTIONS', 'TRACE']);
+
+/** Whether the library handles requests of this method (docs/http.md, "Methods"). */
+export function isClaimedMethod(method: string, claimSafeMethods = false): boolean {
+  return claimSafeMethods || !SAFE_METHODS.has(method.toUpperCase());
+}
+
+export interface ScopeInput {
+  method: string;
+  /** The route template (`/orders/:id`). */
+  route: string;
+  tenant?: string | null;
+  /** The caller id (the authenticated principal); absent or null for a public route. */
+  caller?: string | null;
+}
+
+/**
+ * The scope of docs/http.md ("Scope"): `[tenant ":"] METHOD " " route`, then on a caller route
+ * `" caller:"` and the SHA-256 of the caller id's UTF-8 bytes in lower-case hex, which keeps any id
+ * within the scope's charset and length and out of the database in clear.
+ */
+export function httpScope(input: ScopeInput): string {
+  const tenant = input.tenant === undefined || input.tenant === null ? '' : `${input.tenant}:`;
+  const base = `${tenant}${input.method.toUpperCase()} ${input.route}`;
+  if (input.caller === undefined || input.caller === null) return base;
+  return `${base} caller:${createHash('sha256').update(input.caller, 'utf8').digest('hex')}`;
+}
+
+/** The request's Content-Length, or undefined when absent or not one plain number. */
+export function contentLength(rawHeaders: readonly string[]): number | undefined {
+  const value = headerValue(rawHeaders, 'content-length');
+  return /^[0-9]+$/.test(value) ? Number(value) : undefined;
 }

@@ -63,13 +63,13 @@ export function buildApp(store: IdempotencyStore, options: AppOptions = {}) {
       .send(`{"z": 1,  "id": ${rows[0].id}, "token": "${randomUUID()}", "a": [1.50, "é\\u00e9"]}`);
   };
   const replayHeaders = ['content-type', 'location', 'x-order-token'];
-  app.post('/orders', idempotent(store, { required: true, replayHeaders }), createOrder);
+  app.post('/orders', idempotent(store, { public: true, required: true, replayHeaders }), createOrder);
   // under REPEATABLE READ a duplicate that waited for the first claim's commit gets 40001: retried
-  app.post('/orders-rr', idempotent(store, { required: true, replayHeaders, isolationLevel: 'REPEATABLE READ' }), createOrder);
+  app.post('/orders-rr', idempotent(store, { public: true, required: true, replayHeaders, isolationLevel: 'REPEATABLE READ' }), createOrder);
 
   app.post(
     '/payments',
-    idempotent(store, { mode: 'lease', required: true, lease: options.leaseMs ?? 1000, heartbeatMs: options.heartbeatMs ?? false }),
+    idempotent(store, { public: true, mode: 'lease', required: true, lease: options.leaseMs ?? 1000, heartbeatMs: options.heartbeatMs ?? false }),
     async (req, res) => {
       const ctx = req.idempotency!;
       // the provider's own idempotency key is ours: a second attempt does not charge twice
@@ -87,7 +87,7 @@ export function buildApp(store: IdempotencyStore, options: AppOptions = {}) {
   if (options.waitRoutes) {
     app.post(
       '/payments-wait',
-      idempotent(store, { mode: 'lease', required: true, lease: 30_000, heartbeatMs: false, wait: 15_000 }),
+      idempotent(store, { public: true, mode: 'lease', required: true, lease: 30_000, heartbeatMs: false, wait: 15_000 }),
       async (req, res) => {
         const ctx = req.idempotency!;
         await store.pool.query('INSERT INTO effects (idem_key, attempt) VALUES ($1, $2)', [ctx.key, ctx.attempt]);
@@ -95,10 +95,10 @@ export function buildApp(store: IdempotencyStore, options: AppOptions = {}) {
         res.status(201).json({ attempt: ctx.attempt, token: randomUUID() });
       },
     );
-    app.post('/orders-wait', idempotent(store, { required: true, replayHeaders, wait: 15_000 }), createOrder);
+    app.post('/orders-wait', idempotent(store, { public: true, required: true, replayHeaders, wait: 15_000 }), createOrder);
   }
 
-  app.post('/optional', idempotent(store), (_req, res) => {
+  app.post('/optional', idempotent(store, { public: true }), (_req, res) => {
     res.json({ token: randomUUID() });
   });
 

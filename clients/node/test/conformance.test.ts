@@ -10,9 +10,9 @@ import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import express, { type NextFunction, type Request, type Response } from 'express';
-import Fastify, { type FastifyInstance } from 'fastify';
+import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
 import type { PoolClient } from 'pg';
-import { httpFingerprint, type HttpIdempotencyOptions } from '../src';
+import { httpFingerprint, httpScope, type HttpIdempotencyOptions } from '../src';
 import { idempotent, keepRawBody } from '../src/express';
 import { fastifyIdempotency } from '../src/fastify';
 import { createTestDatabase, type TestDatabase } from './helpers';
@@ -24,8 +24,11 @@ interface Route {
   method: string;
   template: string;
   required?: boolean;
+  public?: boolean;
   fingerprint_headers?: string[];
   keep_writes_on_error?: boolean;
+  claim_safe_methods?: boolean;
+  max_body_bytes?: number;
 }
 
 interface VectorRequest {
@@ -34,6 +37,8 @@ interface VectorRequest {
   headers: Array<[string, string]>;
   body_text?: string;
   body_base64?: string;
+  body_repeat?: number;
+  chunked?: boolean;
 }
 
 interface Expect {
@@ -45,6 +50,7 @@ interface Expect {
   body_differs_from?: number;
   handler_runs?: number;
   committed_writes?: number;
+  headers?: Array<[string, string]>;
 }
 
 interface Step {
@@ -74,8 +80,21 @@ interface FingerprintVector {
   sha256: string;
 }
 
+interface ScopeVector {
+  name: string;
+  method: string;
+  route: string;
+  tenant: string | null;
+  caller: string | null;
+  scope: string;
+}
+
 const file = path.join(__dirname, '..', '..', '..', 'conformance', 'vectors.json');
-const { vectors, fingerprints } = JSON.parse(readFileSync(file, 'utf8')) as { vectors: Vector[]; fingerprints: FingerprintVector[] };
+const { vectors, fingerprints, scopes } = JSON.parse(readFileSync(file, 'utf8')) as {
+  vectors: Vector[];
+  fingerprints: FingerprintVector[];
+  scopes: ScopeVector[];
+};
 
 /** rawHeaders-style text of UTF-8 bytes, as Node's HTTP parser gives them (one character per byte). */
 const latin1 = (text: string) => Buffer.from(text, 'utf8').toString('latin1');
@@ -93,6 +112,14 @@ describe('conformance: fingerprints', () => {
         body: Buffer.from(v.body_base64, 'base64'),
       });
       assert.equal(digest.toString('hex'), v.sha256);
+    });
+  }
+});
+
+describe('conformance: scopes', () => {
+  for (const v of scopes) {
+    test(v.name, () => {
+      assert.equal(httpScope({ method: v.method, route: v.route, tenant: v.tenant, caller: v.caller }), v.scope);
     });
   }
 });
@@ -133,7 +160,7 @@ class Harness {
     if (header('x-test-throw') === '1') throw new Error('the handler failed');
     const status = Number(header('x-test-status') ?? 201);
     const body = status === 204 || status === 304 ? undefined : JSON.stringify({ run, token: randomUUID() });
-    return { status, location: `/things/${run}`, body };
+    return { status, location: `/things/${run}`, cacheControl: header('x-test-cache-control'), body };
   }
 
   async committedWrites(vector: string): Promise<number> {
@@ -142,12 +169,16 @@ class Harness {
   }
 }
 
-function routeOptions<Req>(route: Route, mode: Mode): HttpIdempotencyOptions<Req> {
+/** The route's options; the caller is the Authorization header as is (the README's test application). */
+function routeOptions<Req>(route: Route, mode: Mode, authorization: (req: Req) => string | undefined): HttpIdempotencyOptions<Req> {
   return {
     mode,
     required: route.required ?? false,
+    ...(route.public ? { public: true } : { caller: (req: Req) => authorization(req) ?? null }),
     fingerprintHeaders: route.fingerprint_headers,
     keepWritesOnError: route.keep_writes_on_error,
+    claimSafeMethods: route.claim_safe_methods,
+    maxBodyBytes: route.max_body_bytes,
   };
 }
 
@@ -165,10 +196,12 @@ function expressServer(db: TestDatabase, harness: Harness): Server {
   let close = async () => undefined as void;
   return {
     mount: (prefix, route, mode) => {
-      const method = route.method.toLowerCase() as 'post' | 'put' | 'patch' | 'delete';
-      app[method](`${prefix}${route.template}`, idempotent(db.store, routeOptions(route, mode)), async (req: Request, res: Response) => {
+      const method = route.method.toLowerCase() as 'get' | 'post' | 'put' | 'patch' | 'delete';
+      const options = routeOptions<Request>(route, mode, (req) => req.get('authorization'));
+      app[method](`${prefix}${route.template}`, idempotent(db.store, options), async (req: Request, res: Response) => {
         const answer = await harness.handle(prefix, (name) => req.get(name), req.idempotency?.client);
         res.status(answer.status).set('Location', answer.location);
+        if (answer.cacheControl !== undefined) res.set('Cache-Control', answer.cacheControl);
         if (answer.body === undefined) res.end();
         else res.type('application/json').send(answer.body);
       });
@@ -203,10 +236,11 @@ function fastifyServer(db: TestDatabase, harness: Harness): Server {
         app.route({
           method: route.method as 'POST',
           url: `${prefix}${route.template}`,
-          config: { idempotency: routeOptions(route, mode) },
+          config: { idempotency: routeOptions<FastifyRequest>(route, mode, (request) => request.headers.authorization) },
           handler: async (request, reply) => {
             const answer = await harness.handle(prefix, (name) => request.headers[name] as string | undefined, request.idempotency?.client);
             reply.code(answer.status).header('location', answer.location);
+            if (answer.cacheControl !== undefined) reply.header('cache-control', answer.cacheControl);
             if (answer.body === undefined) return reply.send();
             return reply.type('application/json').send(answer.body);
           },
@@ -265,8 +299,9 @@ async function runVector(vector: Vector, prefix: string, port: number, harness: 
     let answer: RawResponse | undefined;
     if (step.request) {
       const r = step.request;
-      const body = r.body_base64 !== undefined ? Buffer.from(r.body_base64, 'base64') : r.body_text !== undefined ? Buffer.from(r.body_text, 'utf8') : undefined;
-      const sent = send(port, { method: r.method, target: `${prefix}${r.target}`, headers: r.headers, body });
+      const once = r.body_base64 !== undefined ? Buffer.from(r.body_base64, 'base64') : r.body_text !== undefined ? Buffer.from(r.body_text, 'utf8') : undefined;
+      const body = once === undefined || r.body_repeat === undefined ? once : Buffer.concat(Array.from({ length: r.body_repeat }, () => once));
+      const sent = send(port, { method: r.method, target: `${prefix}${r.target}`, headers: r.headers, body, chunked: r.chunked });
       if (step.hold) {
         pending.set(index, sent);
         await harness.hold(prefix).entered;
@@ -321,4 +356,5 @@ async function check(e: Expect, answer: RawResponse, answers: Array<RawResponse 
   }
   if (e.handler_runs !== undefined) assert.equal(harness.runs.get(prefix) ?? 0, e.handler_runs, `${where}: handler runs`);
   if (e.committed_writes !== undefined) assert.equal(await harness.committedWrites(prefix), e.committed_writes, `${where}: committed writes`);
+  for (const [name, value] of e.headers ?? []) assert.equal(header(name.toLowerCase()), value, `${where}: header ${name}`);
 }

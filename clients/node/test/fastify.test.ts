@@ -14,7 +14,7 @@ const gates = new Gates();
 before(async () => {
   db = await createTestDatabase('fastify');
   app = Fastify();
-  await app.register(fastifyIdempotency, { store: db.store, required: true, replayHeaders: ['content-type', 'location'] });
+  await app.register(fastifyIdempotency, { store: db.store, public: true, required: true, replayHeaders: ['content-type', 'location'] });
   app.post('/orders', { config: { idempotency: true } }, async (request, reply) => {
     const ctx = request.idempotency!;
     const { rows } = await ctx.client!.query('INSERT INTO orders (idem_key) VALUES ($1) RETURNING id', [ctx.key]);

@@ -37,7 +37,7 @@ before(async () => {
   db = await createTestDatabase('hooks');
   const app = express();
   // no verify hook: the JSON parser keeps no bytes
-  app.post('/no-raw', express.json(), idempotent(db.store, { required: true }), (_req, res) => {
+  app.post('/no-raw', express.json(), idempotent(db.store, { public: true, required: true }), (_req, res) => {
     res.status(201).json({ ok: true });
   });
   app.use(express.json({ verify: keepRawBody }));
@@ -48,21 +48,21 @@ before(async () => {
   };
   app.post(
     '/validated',
-    idempotent(db.store, { required: true, validate: (req) => validate(req.body), onCommitted, onError: (err) => errors.push(err) }),
+    idempotent(db.store, { public: true, required: true, validate: (req) => validate(req.body), onCommitted, onError: (err) => errors.push(err) }),
     (_req, res) => {
       res.status(201).json({ ok: true });
     },
   );
   app.post(
     '/lease-validated',
-    idempotent(db.store, { mode: 'lease', required: true, validate: (req) => validate(req.body), onCommitted }),
+    idempotent(db.store, { public: true, mode: 'lease', required: true, validate: (req) => validate(req.body), onCommitted }),
     (_req, res) => {
       res.status(201).json({ ok: true });
     },
   );
   app.post(
     '/stale',
-    idempotent(db.store, { mode: 'lease', required: true, lease: 30_000, heartbeatMs: 20 }),
+    idempotent(db.store, { public: true, mode: 'lease', required: true, lease: 30_000, heartbeatMs: 20 }),
     async (req, res) => {
       const { key, signal } = req.idempotency!;
       takenOver.get(key)?.();
@@ -79,7 +79,7 @@ before(async () => {
   });
 
   fastify = Fastify();
-  await fastify.register(fastifyIdempotency, { store: db.store, required: true });
+  await fastify.register(fastifyIdempotency, { store: db.store, public: true, required: true });
   fastify.post(
     '/validated',
     {

@@ -10,6 +10,8 @@ export interface RawRequest {
   target: string;
   headers: Array<[string, string]>;
   body?: Buffer;
+  /** Send the body with Transfer-Encoding: chunked (chunks of 16384 bytes) instead of Content-Length. */
+  chunked?: boolean;
 }
 
 export interface RawResponse {
@@ -22,16 +24,25 @@ export interface RawResponse {
 export function send(port: number, request: RawRequest): Promise<RawResponse> {
   const lines = [`${request.method} ${request.target} HTTP/1.1`, `Host: 127.0.0.1:${port}`];
   for (const [name, value] of request.headers) lines.push(`${name}: ${value}`);
-  if (request.body !== undefined) lines.push(`Content-Length: ${request.body.length}`);
+  if (request.body !== undefined) lines.push(request.chunked ? 'Transfer-Encoding: chunked' : `Content-Length: ${request.body.length}`);
   lines.push('Connection: close', '', '');
   const head = Buffer.from(lines.join('\r\n'), 'utf8');
+  const body = request.body === undefined ? [] : request.chunked ? chunked(request.body) : [request.body];
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     const socket = net.connect(port, '127.0.0.1', () => {
-      socket.write(request.body === undefined ? head : Buffer.concat([head, request.body]));
+      socket.write(Buffer.concat([head, ...body]));
     });
     socket.on('data', (chunk) => chunks.push(chunk));
-    socket.on('error', reject);
+    // a server that answers before reading the whole body (a 413) may reset the connection while
+    // the rest is sent: the answer that arrived before still counts
+    socket.on('error', (err) => {
+      try {
+        resolve(parse(Buffer.concat(chunks)));
+      } catch {
+        reject(err);
+      }
+    });
     socket.on('end', () => {
       try {
         resolve(parse(Buffer.concat(chunks)));
@@ -40,6 +51,17 @@ export function send(port: number, request: RawRequest): Promise<RawResponse> {
       }
     });
   });
+}
+
+/** The body in the chunked transfer coding: chunks of 16384 bytes, then the last chunk. */
+export function chunked(body: Buffer, size = 16384): Buffer[] {
+  const parts: Buffer[] = [];
+  for (let at = 0; at < body.length; at += size) {
+    const piece = body.subarray(at, at + size);
+    parts.push(Buffer.from(`${piece.length.toString(16)}\r\n`), piece, Buffer.from('\r\n'));
+  }
+  parts.push(Buffer.from('0\r\n\r\n'));
+  return parts;
 }
 
 function parse(data: Buffer): RawResponse {
@@ -55,6 +77,8 @@ function parse(data: Buffer): RawResponse {
   }
   let body = data.subarray(end + 4);
   if (headers.get('transfer-encoding')?.[0]?.toLowerCase() === 'chunked') body = dechunk(body);
+  const length = headers.get('content-length')?.[0];
+  if (length !== undefined && body.length < Number(length)) throw new Error(`a truncated response: ${body.length} of ${length} bytes`);
   return { status, headers, body };
 }
 

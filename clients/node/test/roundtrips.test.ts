@@ -49,11 +49,11 @@ before(async () => {
   // the answer quotes the body back: what comes back must be what went in
   const answer = (req: Request, res: Response) =>
     res.status(201).type('text/plain; charset=utf-8').send(`${randomUUID()} ${JSON.stringify(req.body)}`);
-  app.post('/orders', idempotent(store, { required: true }), async (req, res) => {
+  app.post('/orders', idempotent(store, { public: true, required: true, maxBodyBytes: 8 * 1024 * 1024 }), async (req, res) => {
     await req.idempotency!.client!.query('INSERT INTO orders (idem_key, item) VALUES ($1, $2)', [req.idempotency!.key, 'x']);
     answer(req, res);
   });
-  app.post('/payments', idempotent(store, { mode: 'lease', required: true, heartbeatMs: false }), answer);
+  app.post('/payments', idempotent(store, { public: true, mode: 'lease', required: true, heartbeatMs: false, maxBodyBytes: 8 * 1024 * 1024 }), answer);
   server = await listen(app);
   // connections and the extension's version are set up before anything is counted
   await store.version();
