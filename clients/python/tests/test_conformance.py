@@ -1,7 +1,8 @@
 """The shared conformance vectors of the HTTP contract (clients/conformance/vectors.json, its
 format in clients/conformance/README.md): every vector, in each of its modes, against real
 servers over real HTTP and the real extension (Flask under werkzeug, FastAPI under uvicorn,
-Django's sync views under werkzeug's WSGI server and its ``async def`` views under uvicorn); the
+Django's sync and ``async def`` views under werkzeug's WSGI server, its ``async def`` views under
+uvicorn); the
 fixed fingerprints against ``pg_idempotency.http.fingerprint`` and the scopes against
 ``http_scope``."""
 
@@ -18,14 +19,14 @@ import pytest
 
 import rawhttp
 from pg_idempotency.http import fingerprint, http_scope
-from test_http import App, wait_for
+from test_http import ALICE, App, answer_without_sending_the_body, wait_for
 
-CONFORMANCE_FRAMEWORKS = ["flask", "fastapi", "django-wsgi", "django-asgi"]
+CONFORMANCE_FRAMEWORKS = ["flask", "fastapi", "django-wsgi", "django-wsgi-async", "django-asgi"]
 #: what a WSGI server cannot give: the field lines of a repeated header (werkzeug, gunicorn and
 #: wsgiref join them with "," into one environ value), so under WSGI the lines "a" and "b" are
 #: the value "a,b" (README "Repeated headers"); tests/test_http.py checks that rule instead
 WSGI_CANNOT = {"repeated-fingerprint-header"}
-WSGI = {"flask", "django-wsgi"}
+WSGI = {"flask", "django-wsgi", "django-wsgi-async"}
 
 #: the repository's clients/conformance, beside clients/python
 VECTORS_FILE = Path(__file__).resolve().parents[2] / "conformance" / "vectors.json"
@@ -187,3 +188,26 @@ def test_scope_vector(case: dict[str, Any]) -> None:
     _require_vectors()
     assert http_scope(case["method"], case["route"], case["tenant"], case["caller"]) \
         == case["scope"]
+
+
+@pytest.mark.parametrize("conformance_framework", sorted(WSGI) + ["fastapi"], indirect=True)
+def test_a_body_over_the_limit_is_never_read_to_its_end(conformance_framework: str, dsn: str,
+                                                        request: pytest.FixtureRequest) -> None:
+    """The route of the vector body-over-limit (64 bytes): a GiB announced and nothing sent,
+    then a chunked body never ended, are answered 413 (a server that read them to their end
+    would never answer). Django under ASGI is not here: Django's own ASGI handler receives the
+    whole body before any view runs (README "Bodies")."""
+    names = [v["name"] for v in _require_vectors()["vectors"]]
+    index = names.index("body-over-limit")
+    app: App = request.getfixturevalue("conformance_app")
+    target = f"/{conformance_framework}-v{index}-transaction/orders".encode()
+    head = [b"POST " + target + b" HTTP/1.1", b"Host: 127.0.0.1", b"Idempotency-Key: k-endless",
+            b"Authorization: " + ALICE["Authorization"].encode(),
+            b"Content-Type: application/octet-stream"]
+    declared = answer_without_sending_the_body(app.port, head + [b"Content-Length: 1073741824"],
+                                               b"")
+    streamed = answer_without_sending_the_body(app.port, head + [b"Transfer-Encoding: chunked"],
+                                               (b"200\r\n" + b"x" * 512 + b"\r\n") * 8)
+    for answer in (declared, streamed):
+        assert answer.status == 413, answer
+        assert json.loads(answer.body)["code"] == "idempotency_body_too_large"

@@ -343,7 +343,7 @@ def test_routes_must_say_who_the_caller_is() -> None:
 
 # ---- bodies -------------------------------------------------------------------------------
 
-def _answer_without_sending_the_body(port: int, head: list[bytes], sent: bytes) -> rawhttp.Answer:
+def answer_without_sending_the_body(port: int, head: list[bytes], sent: bytes) -> rawhttp.Answer:
     """Send the head and part of a body, never the rest, and read the answer: a server that
     waited for the whole body would never answer (the socket's timeout fails the test)."""
     import http.client
@@ -362,11 +362,11 @@ def test_a_body_over_the_limit_is_413_and_never_read_to_its_end(app: App, key: s
             b"Authorization: " + ALICE["Authorization"].encode(),
             b"Content-Type: application/octet-stream"]
     # a GiB announced, nothing sent: answered from the Content-Length alone
-    declared = _answer_without_sending_the_body(app.port, head + [b"Content-Length: 1073741824"],
+    declared = answer_without_sending_the_body(app.port, head + [b"Content-Length: 1073741824"],
                                                 b"")
     # chunked, 4 KiB sent and the body never ended: reading stops past the route's 1 KiB
     chunk = b"x" * 512
-    streamed = _answer_without_sending_the_body(
+    streamed = answer_without_sending_the_body(
         app.port, head + [b"Transfer-Encoding: chunked"], b"200\r\n" + chunk + b"\r\n" * 1
         + (b"200\r\n" + chunk + b"\r\n") * 7)
     for answer in (declared, streamed):
@@ -386,7 +386,7 @@ def test_an_unkeyed_request_is_not_read_by_the_library(app: App) -> None:
     head = [b"POST /things HTTP/1.1", b"Host: 127.0.0.1", b"Content-Length: 1073741824",
             b"Authorization: " + ALICE["Authorization"].encode(),
             b"Content-Type: application/octet-stream"]
-    answer = _answer_without_sending_the_body(app.port, head, b"")
+    answer = answer_without_sending_the_body(app.port, head, b"")
     assert answer.status == 201 and json.loads(answer.body)["user"] == "alice"
     assert answer.header("Idempotent-Replayed") is None
 

@@ -1,5 +1,5 @@
 """The conformance vectors' test application (clients/conformance/README.md), for Flask,
-FastAPI and Django (sync views under WSGI, ``async def`` views under ASGI): every route of every
+FastAPI and Django (sync views under WSGI, ``async def`` views under WSGI and under ASGI): every route of every
 vector, in each of its modes, under the prefix /<framework>-v<index>-<mode>, served by one
 handler. The caller of a route is its request's Authorization header as is."""
 
@@ -189,9 +189,8 @@ def create_fastapi() -> Any:
 urlpatterns: list[Any] = []
 
 
-def create_django(asynchronous: bool) -> Any:
-    """The WSGI application with sync views, or the ASGI application with ``async def``
-    views."""
+def create_django(asynchronous: bool, wsgi: bool) -> Any:
+    """The WSGI or the ASGI application, with sync or ``async def`` views."""
     import django
     from django.conf import settings
 
@@ -256,7 +255,9 @@ def create_django(asynchronous: bool) -> Any:
         return view
 
     by_path: dict[str, dict[str, Any]] = {}
-    for run, mode, route, path in mounted("django-asgi" if asynchronous else "django-wsgi"):
+    framework = ("django-wsgi" if wsgi else "django-asgi") + ("-async" if asynchronous
+                                                             and wsgi else "")
+    for run, mode, route, path in mounted(framework):
         names = tuple(route.get("fingerprint_headers", ()))
         if names not in integrations:
             integrations[names] = DjangoIdempotency(
@@ -290,8 +291,8 @@ def create_django(asynchronous: bool) -> Any:
 
     urlpatterns[:] = [django_path("health", health)] + [
         django_path(path[1:], dispatch(views)) for path, views in by_path.items()]
-    if asynchronous:
-        from django.core.asgi import get_asgi_application
-        return get_asgi_application()
-    from django.core.wsgi import get_wsgi_application
-    return get_wsgi_application()
+    if wsgi:
+        from django.core.wsgi import get_wsgi_application
+        return get_wsgi_application()
+    from django.core.asgi import get_asgi_application
+    return get_asgi_application()

@@ -1,6 +1,7 @@
 """Start one test application: serve.py KIND PORT, KIND one of flask, fastapi,
-flask-conformance, fastapi-conformance, django-wsgi-conformance (werkzeug's threaded server),
-django-asgi-conformance (uvicorn); settings from the environment."""
+flask-conformance, fastapi-conformance, django-wsgi-conformance (sync views) and
+django-wsgi-async-conformance (``async def`` views) under werkzeug's threaded server,
+django-asgi-conformance (``async def`` views) under uvicorn; settings from the environment."""
 
 from __future__ import annotations
 
@@ -12,15 +13,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 def main() -> None:
     kind, port = sys.argv[1], int(sys.argv[2])
-    if kind.startswith("flask") or kind == "django-wsgi-conformance":
+    if kind.startswith("flask") or kind.startswith("django-wsgi"):
         import logging
 
         from werkzeug.serving import make_server
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
-        if kind == "django-wsgi-conformance":
+        if kind.startswith("django-wsgi"):
             from conformance_app import create_django
-            create_app = lambda: create_django(asynchronous=False)  # noqa: E731
+            asynchronous = kind == "django-wsgi-async-conformance"
+            create_app = lambda: create_django(asynchronous, wsgi=True)  # noqa: E731
         elif kind == "flask-conformance":
             from conformance_app import create_flask as create_app
         else:
@@ -31,7 +33,7 @@ def main() -> None:
 
         if kind == "django-asgi-conformance":
             from conformance_app import create_django
-            create_fastapi = lambda: create_django(asynchronous=True)  # noqa: E731
+            create_fastapi = lambda: create_django(asynchronous=True, wsgi=False)  # noqa: E731
         elif kind == "fastapi-conformance":
             from conformance_app import create_fastapi
         else:
