@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from datetime import timedelta
@@ -10,10 +11,12 @@ from typing import Any, Iterator
 import django
 import psycopg
 import pytest
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.test import Client
 from django.urls import clear_url_caches, path
+from django.utils.asyncio import async_unsafe
 from psycopg_pool import ConnectionPool
 
 if not settings.configured:
@@ -24,6 +27,10 @@ if not settings.configured:
 
 from pg_idempotency import Idempotency  # noqa: E402
 from pg_idempotency.django import DjangoIdempotency  # noqa: E402
+from pg_idempotency.http import http_scope  # noqa: E402
+
+#: the bearer tokens the test views accept, and the user each names
+USERS = {"Bearer token-alice": "alice", "Bearer token-bob": "bob"}
 
 #: set by the fixture: the views are built for each extension version's pool
 urlpatterns: list[Any] = []
@@ -31,7 +38,8 @@ urlpatterns: list[Any] = []
 
 @pytest.fixture
 def client(pool: ConnectionPool) -> Iterator[Client]:
-    idem = DjangoIdempotency(Idempotency(pool))
+    idem = DjangoIdempotency(Idempotency(pool),
+                             caller=lambda request: USERS.get(request.headers.get("Authorization")))
 
     @idem.transactional(required=True)
     def create_order(request: HttpRequest, shop: int, conn: psycopg.Connection[Any]) -> Any:
@@ -56,9 +64,40 @@ def client(pool: ConnectionPool) -> Iterator[Client]:
         return JsonResponse({"provider_key": lease.key, "attempt": lease.attempt,
                              "token": str(uuid.uuid4())}, status=201)
 
-    urlpatterns[:] = [path("shops/<int:shop>/orders", create_order), path("payments", pay)]
+    # a hook that, like request.user's first load, refuses to run on an event loop
+    @idem.leased(required=True,
+                 caller=async_unsafe(lambda request: USERS.get(request.headers.get(
+                     "Authorization"))))
+    async def pay_async(request: HttpRequest, lease: Any) -> Any:
+        await asyncio.sleep(0)  # a coroutine all the way: awaited by the integration
+        return JsonResponse({"provider_key": lease.key, "attempt": lease.attempt,
+                             "token": str(uuid.uuid4())}, status=201)
+
+    @idem.transactional(required=True)
+    async def order_async(request: HttpRequest, conn: psycopg.Connection[Any]) -> Any:
+        order = json.loads(request.body)
+        row = await sync_to_async(lambda: conn.execute(
+            "INSERT INTO orders (customer, total, idem_key) VALUES (%s, %s, %s) RETURNING id",
+            (order["customer"], order["total"], request.idempotency.key)).fetchone())()
+        return JsonResponse({"order_id": row[0], "token": str(uuid.uuid4())}, status=201)
+
+    async def refuse_empty(request: HttpRequest) -> Any:
+        await asyncio.sleep(0)
+        return None if json.loads(request.body) else JsonResponse({"empty": True}, status=400)
+
+    async def committed(context: Any, response: Any) -> None:
+        await asyncio.sleep(0)
+        response["X-Committed-Key"] = context.key
+
+    @idem.leased(required=True, validate=refuse_empty, on_committed=committed)
+    async def hooked_async(request: HttpRequest, lease: Any) -> Any:
+        return JsonResponse({"attempt": lease.attempt}, status=201)
+
+    urlpatterns[:] = [path("shops/<int:shop>/orders", create_order), path("payments", pay),
+                      path("async/payments", pay_async), path("async/orders", order_async),
+                      path("async/hooked", hooked_async)]
     clear_url_caches()
-    yield Client(raise_request_exception=False)
+    yield Client(raise_request_exception=False, HTTP_AUTHORIZATION="Bearer token-alice")
     urlpatterns.clear()
     clear_url_caches()
 
@@ -139,3 +178,64 @@ def test_leased_view_gets_the_key_and_replays(client: Client, key: str) -> None:
     assert again.status_code == 201
     assert again["Idempotent-Replayed"] == "true"
     assert again.content == first.content
+
+
+def test_async_views_run_once_and_replay(client: Client, pool: ConnectionPool,
+                                         key: str) -> None:
+    """An ``async def`` view under the decorator (here through Django's sync handler; under
+    ASGI and uvicorn in test_conformance.py)."""
+    first = post(client, "/async/payments", {"amount": 3}, key)
+    assert first.status_code == 201, first.content
+    assert json.loads(first.content)["provider_key"] == key
+    again = post(client, "/async/payments", {"amount": 3}, key)
+    assert again["Idempotent-Replayed"] == "true" and again.content == first.content
+    order = post(client, "/async/orders", {"customer": "ada", "total": 2}, key)
+    assert order.status_code == 201 and orders(pool, key) == 1
+    replay = post(client, "/async/orders", {"customer": "ada", "total": 2}, key)
+    assert replay["Idempotent-Replayed"] == "true" and replay.content == order.content
+    assert orders(pool, key) == 1
+
+
+def test_an_async_views_hooks_may_be_coroutines(client: Client, pool: ConnectionPool,
+                                                key: str) -> None:
+    refused = post(client, "/async/hooked", {}, key)
+    assert refused.status_code == 400 and json.loads(refused.content) == {"empty": True}
+    with pool.connection() as conn:  # validate answered before the claim: nothing stored
+        assert conn.execute("SELECT count(*) FROM idem_keys WHERE key = %s",
+                            (key,)).fetchone() == (0,)
+    done = post(client, "/async/hooked", {"a": 1}, key)
+    assert done.status_code == 201 and done["X-Committed-Key"] == key
+    replay = post(client, "/async/hooked", {"a": 1}, key)
+    assert replay["Idempotent-Replayed"] == "true" and not replay.has_header("X-Committed-Key")
+
+
+def test_callers_scope_keys_and_an_unknown_caller_is_401(client: Client, pool: ConnectionPool,
+                                                         key: str) -> None:
+    alice = post(client, "/shops/1/orders", {"customer": "a", "total": 1}, key)
+    bob = client.post("/shops/1/orders", data=json.dumps({"customer": "a", "total": 1}),
+                      content_type="application/json", HTTP_IDEMPOTENCY_KEY=key,
+                      HTTP_AUTHORIZATION="Bearer token-bob")
+    assert alice.status_code == bob.status_code == 201
+    assert not bob.has_header("Idempotent-Replayed") and bob.content != alice.content
+    assert orders(pool, key) == 2
+    with pool.connection() as conn:
+        scopes = {r[0] for r in conn.execute("SELECT scope FROM idem_keys WHERE key = %s",
+                                             (key,))}
+    assert scopes == {http_scope("POST", "/shops/<int:shop>/orders", None, user)
+                      for user in ("alice", "bob")}
+    nobody = client.post("/shops/1/orders", data="{}", content_type="application/json",
+                         HTTP_IDEMPOTENCY_KEY=key + "-nobody", HTTP_AUTHORIZATION="")
+    assert nobody.status_code == 401
+    assert json.loads(nobody.content)["code"] == "idempotency_caller_unknown"
+
+
+def test_a_view_must_say_who_the_caller_is(pool: ConnectionPool) -> None:
+    idem = DjangoIdempotency(Idempotency(pool))
+    for decorator in (idem.transactional, idem.leased):
+        with pytest.raises(TypeError, match="say who the caller is"):
+            decorator()(lambda request: None)
+        with pytest.raises(TypeError, match="not both"):
+            decorator(caller=lambda request: "u", public=True)
+        decorator(public=True)(lambda request: None)
+    with pytest.raises(TypeError, match="not both"):
+        DjangoIdempotency(Idempotency(pool), caller=lambda request: "u", public=True)

@@ -21,9 +21,14 @@ import pytest
 
 import rawhttp
 from loopback import free_port
+from pg_idempotency.http import http_scope
 
 HERE = Path(__file__).parent
 FRAMEWORKS = ["flask", "fastapi"]
+#: the test applications' users (apps/common.py): a bearer token each
+ALICE = {"Authorization": "Bearer token-alice"}
+BOB = {"Authorization": "Bearer token-bob"}
+CAROL = {"Authorization": "Bearer token-carol"}  # in the tenant "acme"
 
 
 class App:
@@ -88,7 +93,7 @@ def app(framework: str, dsn: str, markers: Path,
 
 @pytest.fixture
 def client(app: App) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=app.url, timeout=60) as c:
+    with httpx.Client(headers=ALICE, base_url=app.url, timeout=60) as c:
         yield c
 
 
@@ -181,14 +186,16 @@ def test_scope_is_the_route_and_the_path_is_fingerprinted(client: httpx.Client, 
         assert other.status_code == 422
     scopes = {r[0] for r in conn.execute("SELECT scope FROM idem_keys WHERE key LIKE %s",
                                          (key + "-%",))}
-    assert scopes == {"POST /items/<item>" if framework == "flask" else "POST /items/{item}"}
+    route = "/items/<item>" if framework == "flask" else "/items/{item}"
+    assert scopes == {http_scope("POST", route, caller="alice")}
 
 
 def test_the_raw_target_with_its_query_is_fingerprinted(app: App, key: str) -> None:
     """Defect of issue 20: the fingerprint took the decoded path without the query string, so
     /items/1?x=1 then ?x=2 (or /items/%31 then /items/1) replayed the first answer."""
     def post(target: str) -> rawhttp.Answer:
-        return rawhttp.send(app.port, "POST", target, [("Idempotency-Key", key)], b"{}")
+        return rawhttp.send(app.port, "POST", target, [("Idempotency-Key", key), *ALICE.items()],
+                            b"{}")
 
     first = post("/items/1?x=1")
     assert first.status == 200 and first.body == b"1"
@@ -220,7 +227,7 @@ def test_a_repeated_key_header_is_400(app: App, conn: psycopg.Connection[Any],
     for lines in ([key, key + "-b"], [key, key], [f'"{key}"', f'"{key}-b"']):
         answer = rawhttp.send(app.port, "POST", "/orders",
                               [("Idempotency-Key", line) for line in lines]
-                              + [("Content-Type", "application/json")], json.dumps(ORDER).encode())
+                              + [("Content-Type", "application/json"), *ALICE.items()], json.dumps(ORDER).encode())
         assert answer.status == 400, lines
         assert answer.header("Content-Type") == "application/problem+json"
         assert json.loads(answer.body)["code"] == "idempotency_key_invalid"
@@ -233,7 +240,8 @@ def test_a_quoted_key_is_the_same_key_as_its_bare_form(app: App, conn: psycopg.C
                                                        key: str) -> None:
     def post(value: str) -> rawhttp.Answer:
         return rawhttp.send(app.port, "POST", "/orders",
-                            [("Idempotency-Key", value), ("Content-Type", "application/json")],
+                            [("Idempotency-Key", value), ("Content-Type", "application/json"),
+                             *ALICE.items()],
                             json.dumps(ORDER).encode())
 
     assert post(f'"{key}"').status == 201
@@ -247,14 +255,187 @@ def test_optional_key_runs_without_idempotency(client: httpx.Client) -> None:
     assert "Idempotent-Replayed" not in client.post("/binary", content=b"x").headers
 
 
-def test_tenant_is_part_of_the_scope(client: httpx.Client, conn: psycopg.Connection[Any],
-                                     key: str) -> None:
-    for tenant in ("acme", "globex"):
-        response = client.post("/orders", headers={"Idempotency-Key": key, "X-Tenant": tenant},
-                               json=ORDER)
+def test_the_tenant_comes_from_the_user_never_a_header(client: httpx.Client,
+                                                       conn: psycopg.Connection[Any],
+                                                       key: str) -> None:
+    """The application names the tenant from its own records of the authenticated user: an
+    X-Tenant header the client sends changes nothing."""
+    for user in (CAROL, ALICE):
+        response = client.post("/orders", json=ORDER,
+                               headers={"Idempotency-Key": key, "X-Tenant": "globex", **user})
         assert response.status_code == 201 and "Idempotent-Replayed" not in response.headers
     scopes = {r[0] for r in conn.execute("SELECT scope FROM idem_keys WHERE key = %s", (key,))}
-    assert scopes == {"acme:POST /orders", "globex:POST /orders"}
+    assert scopes == {http_scope("POST", "/orders", "acme", "carol"),
+                      http_scope("POST", "/orders", None, "alice")}
+
+
+# ---- callers ------------------------------------------------------------------------------
+
+def test_two_callers_with_one_key_never_see_each_others_answer(
+        client: httpx.Client, conn: psycopg.Connection[Any], key: str) -> None:
+    """Bob sends the key Alice used (a guess, a log line, a counter starting at 1): he gets a
+    run of his own, never Alice's stored answer and never a 422 telling him the key exists."""
+    def post(user: dict[str, str], k: str, body: Any) -> httpx.Response:
+        return client.post("/cached", headers={"Idempotency-Key": k, **user}, json=body)
+
+    for k, bobs_body in ((key, {"a": 1}), (key + "-other-body", {"a": 2})):
+        alice = post(ALICE, k, {"a": 1})
+        assert alice.status_code == 201 and alice.json()["user"] == "alice"
+        bob = post(BOB, k, bobs_body)
+        assert bob.status_code == 201, bob.text
+        assert "Idempotent-Replayed" not in bob.headers and bob.json()["user"] == "bob"
+        for user, body, first in ((BOB, bobs_body, bob), (ALICE, {"a": 1}, alice)):
+            replay = post(user, k, body)
+            assert replay.headers["Idempotent-Replayed"] == "true"
+            assert replay.content == first.content
+            assert replay.headers["Cache-Control"] == "no-store"
+        scopes = {r[0] for r in conn.execute("SELECT scope FROM idem_keys WHERE key = %s",
+                                             (k,))}
+        assert scopes == {http_scope("POST", "/cached", None, user)
+                          for user in ("alice", "bob")}
+
+
+def test_a_keyed_request_without_a_caller_is_401_before_the_database(
+        client: httpx.Client, conn: psycopg.Connection[Any], key: str) -> None:
+    before = count(conn, "SELECT count(*) FROM idem_keys")
+    for auth in ({}, {"Authorization": ""}, {"Authorization": "Bearer forged"}):
+        response = client.post("/orders", json=ORDER,
+                               headers={"Idempotency-Key": key, "Authorization": "", **auth}
+                               if not auth else {"Idempotency-Key": key, **auth})
+        assert response.status_code == 401, auth
+        assert response.headers["Content-Type"] == "application/problem+json"
+        assert response.json()["code"] == "idempotency_caller_unknown"
+    assert count(conn, "SELECT count(*) FROM idem_keys") == before
+    assert count(conn, "SELECT count(*) FROM orders WHERE idem_key = %s", key) == 0
+    # without a key the caller is not asked: the optional route runs
+    assert client.post("/binary", content=b"x", headers={"Authorization": ""}).status_code == 200
+
+
+def test_a_public_route_shares_its_keys(client: httpx.Client, key: str) -> None:
+    first = client.post("/webhook", headers={"Idempotency-Key": key, **ALICE}, json={"e": 1})
+    assert first.status_code == 201
+    for other in (BOB, {"Authorization": ""}):
+        again = client.post("/webhook", headers={"Idempotency-Key": key, **other}, json={"e": 1})
+        assert again.headers["Idempotent-Replayed"] == "true" and again.content == first.content
+
+
+def test_routes_must_say_who_the_caller_is() -> None:
+    """Neither caller nor public, or both, is a TypeError when the route is decorated."""
+    from flask import Flask  # noqa: F401  (the integration imports it)
+    from pg_idempotency import AsyncIdempotency, Idempotency
+    from pg_idempotency.fastapi import FastAPIIdempotency
+    from pg_idempotency.flask import FlaskIdempotency
+
+    for integration, client in ((FlaskIdempotency, Idempotency), (FastAPIIdempotency,
+                                                                  AsyncIdempotency)):
+        idem = integration(client(None))  # type: ignore[arg-type]
+        for decorator in (idem.transactional, idem.leased):
+            with pytest.raises(TypeError, match=r"say who the caller is: caller=lambda request"
+                               r": request\.user\.id .* or public=True"):
+                decorator()(lambda: None)
+            with pytest.raises(TypeError, match="not both"):
+                decorator(caller=lambda request: "u", public=True)
+            decorator(public=True)(lambda: None)
+            decorator(caller=lambda request: "u")(lambda: None)
+        with pytest.raises(TypeError, match="not both"):
+            integration(client(None), caller=lambda request: "u", public=True)
+
+
+# ---- bodies -------------------------------------------------------------------------------
+
+def answer_without_sending_the_body(port: int, head: list[bytes], sent: bytes) -> rawhttp.Answer:
+    """Send the head and part of a body, never the rest, and read the answer: a server that
+    waited for the whole body would never answer (the socket's timeout fails the test)."""
+    import http.client
+    import socket
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+        sock.sendall(b"\r\n".join(head) + b"\r\n\r\n" + sent)
+        response = http.client.HTTPResponse(sock, method="POST")
+        response.begin()
+        return rawhttp.Answer(response.status, response.getheaders(), response.read())
+
+
+def test_a_body_over_the_limit_is_413_and_never_read_to_its_end(app: App, key: str,
+                                                                conn: psycopg.Connection[Any]
+                                                                ) -> None:
+    head = [b"POST /small HTTP/1.1", b"Host: 127.0.0.1", b"Idempotency-Key: " + key.encode(),
+            b"Authorization: " + ALICE["Authorization"].encode(),
+            b"Content-Type: application/octet-stream"]
+    # a GiB announced, nothing sent: answered from the Content-Length alone
+    declared = answer_without_sending_the_body(app.port, head + [b"Content-Length: 1073741824"],
+                                                b"")
+    # chunked, 4 KiB sent and the body never ended: reading stops past the route's 1 KiB
+    chunk = b"x" * 512
+    streamed = answer_without_sending_the_body(
+        app.port, head + [b"Transfer-Encoding: chunked"], b"200\r\n" + chunk + b"\r\n" * 1
+        + (b"200\r\n" + chunk + b"\r\n") * 7)
+    for answer in (declared, streamed):
+        assert answer.status == 413, answer
+        assert json.loads(answer.body)["code"] == "idempotency_body_too_large"
+    assert key_row(conn, key) is None
+    # at the limit: read, claimed and answered
+    exact = rawhttp.send(app.port, "POST", "/small", [("Idempotency-Key", key), *ALICE.items()],
+                         b"y" * 1024)
+    assert exact.status == 201 and exact.body == b"1024"
+
+
+def test_an_unkeyed_request_is_not_read_by_the_library(app: App) -> None:
+    """No key on an optional route whose view does not read the body: a GiB is announced and
+    none of it sent, and the view's answer comes all the same (a library that read the body
+    first would wait for it forever)."""
+    head = [b"POST /things HTTP/1.1", b"Host: 127.0.0.1", b"Content-Length: 1073741824",
+            b"Authorization: " + ALICE["Authorization"].encode(),
+            b"Content-Type: application/octet-stream"]
+    answer = answer_without_sending_the_body(app.port, head, b"")
+    assert answer.status == 201 and json.loads(answer.body)["user"] == "alice"
+    assert answer.header("Idempotent-Replayed") is None
+
+
+def test_an_unkeyed_body_is_left_to_the_application(client: httpx.Client) -> None:
+    """No key on an optional route: the library reads nothing, so its limit does not apply and
+    the view reads the whole body itself."""
+    body = b"z" * (300 * 1024)
+    for chunked in (False, True):
+        sent = iter([body]) if chunked else body  # an iterator: httpx sends it chunked
+        response = client.post("/sized", content=sent)
+        assert response.status_code == 201 and response.text == str(len(body)), chunked
+
+
+# ---- repeated headers ---------------------------------------------------------------------
+
+def test_a_repeated_fingerprint_header_is_one_value(app: App, framework: str, key: str) -> None:
+    """ASGI gives the field lines: they are joined with ", " (docs/http.md). A WSGI server
+    joins them itself with "," into one value, and the lines cannot be told from that one
+    line (README "Repeated headers")."""
+    def post(*values: str) -> rawhttp.Answer:
+        return rawhttp.send(app.port, "POST", "/accounts",
+                            [("Idempotency-Key", key), *ALICE.items(),
+                             *(("X-Account", value) for value in values)], b"{}")
+
+    first = post("a", "b")
+    assert first.status == 201
+    same, other = ("a,b", "a, b") if framework == "flask" else ("a, b", "a,b")
+    replay = post(same)
+    assert replay.header("Idempotent-Replayed") == "true" and replay.body == first.body
+    assert post(other).status == 422
+    assert post("b", "a").status == 422
+
+
+def test_a_repeated_content_type(app: App, framework: str, key: str) -> None:
+    """ASGI: the lines joined with ", "; werkzeug keeps the last line of a repeated
+    Content-Type (README "Repeated headers")."""
+    def post(*values: str) -> rawhttp.Answer:
+        return rawhttp.send(app.port, "POST", "/things",
+                            [("Idempotency-Key", key), *ALICE.items(),
+                             *(("Content-Type", value) for value in values)], b"{}")
+
+    first = post("text/plain", "application/json")
+    assert first.status == 201
+    same, other = (("application/json",), ("text/plain, application/json",)) \
+        if framework == "flask" else (("text/plain, application/json",), ("application/json",))
+    replay = post(*same)
+    assert replay.header("Idempotent-Replayed") == "true" and replay.body == first.body
+    assert post(*other).status == 422
 
 
 # ---- failures by policy -------------------------------------------------------------------
@@ -335,7 +516,8 @@ def test_validate_answers_before_the_claim_and_on_committed_after_the_commit(
     done = client.post("/validated", headers=headers, json={"customer": "ada"})
     assert done.status_code == 201 and "Idempotent-Replayed" not in done.headers
     # the handler's context: key, scope and attempt
-    assert done.json() == {"key": key, "scope": "POST /validated", "attempt": 1,
+    assert done.json() == {"key": key, "scope": http_scope("POST", "/validated", caller="alice"),
+                           "attempt": 1,
                            "inserted": True}
     # the hook ran after the commit: another session saw the stored result
     assert done.headers["X-Committed-State"] == "succeeded"
@@ -373,7 +555,7 @@ def test_handler_exception_is_a_retryable_failure(client: httpx.Client,
 
 def concurrently(app: App, send: Any) -> list[httpx.Response]:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    with httpx.Client(base_url=app.url, timeout=120, limits=limits) as c, \
+    with httpx.Client(headers=ALICE, base_url=app.url, timeout=120, limits=limits) as c, \
             ThreadPoolExecutor(64) as pool:
         return list(pool.map(lambda _: send(c), range(64)))
 
@@ -399,7 +581,7 @@ def test_64_concurrent_identical_payments_run_once(app: App, markers: Path,
     # the winner's handler is held (under a minute's lease) until the 63 others have their
     # answers: each came during the lease and the handler, so each is 409
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    with httpx.Client(base_url=app.url, timeout=180, limits=limits) as c, \
+    with httpx.Client(headers=ALICE, base_url=app.url, timeout=180, limits=limits) as c, \
             ThreadPoolExecutor(64) as pool:
         sent = [pool.submit(lambda: c.post("/payments-held", headers={"Idempotency-Key": key},
                                            json={"amount": 5})) for _ in range(64)]
@@ -428,7 +610,7 @@ def test_kill9_during_same_transaction_handler(framework: str, dsn: str, markers
     doomed = App(framework, dsn, markers)
     try:
         sent = threading.Thread(target=lambda: _ignore_errors(
-            lambda: post_order(httpx.Client(base_url=doomed.url, timeout=60), key, pause="60")))
+            lambda: post_order(httpx.Client(headers=ALICE, base_url=doomed.url, timeout=60), key, pause="60")))
         sent.start()
         wait_for(markers / key)
         doomed.kill()
@@ -437,7 +619,7 @@ def test_kill9_during_same_transaction_handler(framework: str, dsn: str, markers
         doomed.stop()
     # the order and the key were written in the open transaction: both vanish with it
     assert count(conn, "SELECT count(*) FROM orders WHERE idem_key = %s", key) == 0
-    with httpx.Client(base_url=app.url, timeout=60) as c:  # the retry reaches another instance
+    with httpx.Client(headers=ALICE, base_url=app.url, timeout=60) as c:  # the retry reaches another instance
         retry = post_order(c, key)
         assert retry.status_code == 201 and "Idempotent-Replayed" not in retry.headers
         assert post_order(c, key).headers["Idempotent-Replayed"] == "true"
@@ -451,7 +633,7 @@ def test_kill9_during_leased_handler(framework: str, dsn: str, markers: Path, ap
     doomed = App(framework, dsn, markers)
     try:
         sent = threading.Thread(target=lambda: _ignore_errors(lambda: httpx.Client(
-            base_url=doomed.url, timeout=60).post("/payments",
+            headers=ALICE, base_url=doomed.url, timeout=60).post("/payments",
                                                   headers={"Idempotency-Key": key,
                                                            "X-Pause": "60"},
                                                   json={"amount": 7})))
@@ -461,7 +643,7 @@ def test_kill9_during_leased_handler(framework: str, dsn: str, markers: Path, ap
         sent.join()
     finally:
         doomed.stop()
-    with httpx.Client(base_url=app.url, timeout=60) as c:
+    with httpx.Client(headers=ALICE, base_url=app.url, timeout=60) as c:
         def retry() -> httpx.Response:
             return c.post("/payments", headers={"Idempotency-Key": key}, json={"amount": 7})
         response = retry()
@@ -480,14 +662,14 @@ def test_stale_worker_completion_is_rejected(app: App, markers: Path,
     stale: list[httpx.Response] = []
 
     def slow() -> None:
-        with httpx.Client(base_url=app.url, timeout=180) as c:
+        with httpx.Client(headers=ALICE, base_url=app.url, timeout=180) as c:
             stale.append(c.post("/payments", headers={"Idempotency-Key": key, "X-Hold": "1"},
                                 json={"amount": 9}))
 
     worker = threading.Thread(target=slow)
     worker.start()
     wait_for(markers / f"{key}.1")
-    with httpx.Client(base_url=app.url, timeout=60) as c:
+    with httpx.Client(headers=ALICE, base_url=app.url, timeout=60) as c:
         def retry() -> httpx.Response:
             return c.post("/payments", headers={"Idempotency-Key": key}, json={"amount": 9})
         response = retry()
@@ -519,7 +701,7 @@ def test_heartbeat_keeps_a_long_job_alive(app: App, markers: Path,
                                           conn: psycopg.Connection[Any], key: str) -> None:
     done: list[httpx.Response] = []
     worker = threading.Thread(target=lambda: done.append(httpx.post(
-        app.url + "/heartbeat", headers={"Idempotency-Key": key, "X-Hold": "1"},
+        app.url + "/heartbeat", headers={"Idempotency-Key": key, "X-Hold": "1", **ALICE},
         json={}, timeout=180)))
     worker.start()
     wait_for(markers / f"{key}.1")
@@ -535,7 +717,7 @@ def test_heartbeat_keeps_a_long_job_alive(app: App, markers: Path,
                        (claimed_until[0], key)).fetchone() != (True,):
         assert time.monotonic() < deadline, "the lease was never extended past its first end"
         time.sleep(0.05)
-    with httpx.Client(base_url=app.url, timeout=60) as c:
+    with httpx.Client(headers=ALICE, base_url=app.url, timeout=60) as c:
         response = c.post("/heartbeat", headers={"Idempotency-Key": key}, json={})
         assert response.status_code == 409, response.text
         assert response.json()["code"] == "idempotency_key_in_progress"
@@ -553,12 +735,13 @@ def test_a_lost_lease_is_409_and_its_result_is_not_stored(app: App, markers: Pat
     (lease.lost), and the answer is 409 idempotency_attempt_stale."""
     done: list[httpx.Response] = []
     worker = threading.Thread(target=lambda: done.append(httpx.post(
-        app.url + "/heartbeat", headers={"Idempotency-Key": key, "X-Until-Lost": "1"},
+        app.url + "/heartbeat", headers={"Idempotency-Key": key, "X-Until-Lost": "1", **ALICE},
         json={}, timeout=120)))
     worker.start()
     wait_for(markers / f"{key}.1")
-    assert conn.execute("SELECT idem_forget(%s, scope => 'POST /heartbeat', force => true)",
-                        (key,)).fetchone() == (True,)
+    assert conn.execute("SELECT idem_forget(%s, scope => %s, force => true)",
+                        (key, http_scope("POST", "/heartbeat", caller="alice"))
+                        ).fetchone() == (True,)
     worker.join()
     assert done[0].status_code == 409
     assert done[0].json()["code"] == "idempotency_attempt_stale"
@@ -569,11 +752,11 @@ def test_a_lost_lease_is_409_and_its_result_is_not_stored(app: App, markers: Pat
 def test_heartbeats_on_1_1(app: App, conn: psycopg.Connection[Any], key: str) -> None:
     """By default a route runs without them (1.1 has no idem_extend); one that requires them
     fails before claiming. (A connection each: a server may close one after a 500.)"""
-    response = httpx.post(app.url + "/heartbeat-required", headers={"Idempotency-Key": key},
+    response = httpx.post(app.url + "/heartbeat-required", headers={"Idempotency-Key": key, **ALICE},
                           json={}, timeout=60)
     assert response.status_code == 500
     assert key_row(conn, key) is None
-    response = httpx.post(app.url + "/heartbeat", headers={"Idempotency-Key": key,
+    response = httpx.post(app.url + "/heartbeat", headers={"Idempotency-Key": key, **ALICE,
                                                            "X-Pause": "0"}, json={}, timeout=60)
     assert response.status_code == 200 and key_row(conn, key) == ("succeeded", 1, None, 200)
 

@@ -1,6 +1,6 @@
 """FastAPI integration over an ``AsyncIdempotency``: a route class and two markers.
 
-    idem = FastAPIIdempotency(AsyncIdempotency(pool))
+    idem = FastAPIIdempotency(AsyncIdempotency(pool), caller=user_id)  # the authenticated user
     router = APIRouter(route_class=idem.route_class)
 
     @router.post("/orders", status_code=201)
@@ -50,13 +50,25 @@ _CONTEXT = "idempotency"
 class FastAPIIdempotency(http.RouteDecorators[Endpoint]):
     """Idempotency-Key support for FastAPI routes.
 
-    ``tenant``: called with the request, returns the tenant that prefixes the scope (or None).
+    ``caller``: called with the request (may be a coroutine function), returns who sends it
+    (the authenticated principal's id; None or "" when nobody is authenticated: a keyed
+    request is then 401); every key is scoped by it. ``public=True`` instead: the routes have
+    no callers (a route may also give its own ``caller`` or ``public``; a route without
+    either is a TypeError when it is marked).
+    ``tenant``: called with the request, returns the tenant that prefixes the scope (or None);
+    take it from the authenticated principal, never from a header the client chooses.
     """
 
     def __init__(self, idempotency: AsyncIdempotency, *,
+                 caller: Optional[Callable[[Request], Union[http.CallerId,
+                                                            Awaitable[http.CallerId]]]] = None,
+                 public: bool = False,
                  tenant: Optional[Callable[[Request], Union[Optional[str],
                                                             Awaitable[Optional[str]]]]] = None,
                  settings: http.HttpSettings = http.HttpSettings()) -> None:
+        http.check_caller(caller, public)
+        self.caller = caller
+        self.public = public
         self.idempotency = idempotency
         self.tenant = tenant
         self.settings = settings
@@ -105,27 +117,7 @@ class FastAPIIdempotency(http.RouteDecorators[Endpoint]):
 
     async def _handle(self, request: Request, path: str, options: http.RouteOptions,
                       original: RouteHandler) -> Response:
-        tenant = None
-        if self.tenant is not None:
-            tenant = await _maybe_await(self.tenant(request))
-        try:
-            body = await request.body()
-        except RuntimeError:  # "Stream consumed": something read it without keeping it
-            return _to_response(http.body_unavailable())
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) != len(body):
-            return _to_response(http.body_unavailable())  # a middleware read it first
-        scope = request.scope
-
-        def header(name: str) -> Optional[str]:
-            lines = http.asgi_header_lines(scope, name)
-            return ", ".join(lines) if lines else None
-
-        raw = http.RawRequest(
-            method=request.method, target=http.asgi_target(scope),
-            key_lines=http.asgi_header_lines(scope, self.settings.header),
-            content_type=header("content-type"), header=header, body=body)
-        prepared = http.prepare(self.settings, options, raw, route=path, tenant=tenant)
+        prepared = await self._prepare(request, path, options)
         if isinstance(prepared, http.HttpResponse):
             return _to_response(prepared)
         if options.validate is not None:
@@ -194,6 +186,41 @@ class FastAPIIdempotency(http.RouteDecorators[Endpoint]):
             return produced[0]
         return _to_response(http.for_result(result))
 
+    async def _prepare(self, request: Request, path: str, options: http.RouteOptions
+                       ) -> Union[http.KeyedRequest, http.UnkeyedRequest, http.HttpResponse]:
+        """The key, the caller and the body, checked in that order before the database; the
+        body is read only for a keyed request, up to the limit."""
+        if not http.claims(options, request.method):
+            return http.UnkeyedRequest()
+        scope = request.scope
+        key = http.read_key(self.settings, options,
+                            http.asgi_header_lines(scope, self.settings.header))
+        if not isinstance(key, str):
+            return key
+        caller = None
+        if options.caller is not None:
+            caller = http.caller_id(await _maybe_await(options.caller(request)))
+            if isinstance(caller, http.HttpResponse):
+                return caller
+        limit = options.max_body_bytes
+        assert limit is not None
+        declared = http.asgi_header(scope, "content-length")
+        if http.declared_too_large(declared, limit):
+            return http.too_large(limit)
+        body = await _read_body(request, limit)
+        if isinstance(body, http.HttpResponse):
+            return body
+        if declared is not None and declared.isdigit() and int(declared) != len(body):
+            return http.body_unavailable()  # a middleware read it first
+        tenant = None
+        if self.tenant is not None:
+            tenant = await _maybe_await(self.tenant(request))
+        return http.keyed(
+            self.settings, key, method=request.method, route=path, tenant=tenant,
+            caller=caller, target=http.asgi_target(scope),
+            content_type=http.asgi_header(scope, "content-type"),
+            header=lambda name: http.asgi_header(scope, name), body=body)
+
     @staticmethod
     async def _committed(options: http.RouteOptions, context: KeyContext,
                          response: Response) -> None:
@@ -204,6 +231,27 @@ class FastAPIIdempotency(http.RouteDecorators[Endpoint]):
             await _maybe_await(hook(context, response))
         except Exception:
             http.logger.exception("the on_committed hook failed (the result is stored)")
+
+
+async def _read_body(request: Request, limit: int) -> Union[bytes, http.HttpResponse]:
+    """The body, received in chunks (413 past ``limit``: receiving stops), and kept where
+    ``request.body()``, ``request.json()`` and FastAPI's body parameters find it."""
+    cached: Optional[bytes] = getattr(request, "_body", None)
+    if cached is not None:  # something read it with request.body() already
+        return cached if len(cached) <= limit else http.too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                return http.too_large(limit)
+            chunks.append(chunk)
+    except RuntimeError:  # "Stream consumed": something read it without keeping it
+        return http.body_unavailable()
+    body = b"".join(chunks)
+    request._body = body  # Starlette's own cache of request.body()
+    return body
 
 
 async def _maybe_await(value: Any) -> Any:

@@ -1,6 +1,6 @@
 """Flask integration: decorators for the two modes over a sync ``Idempotency``.
 
-    idem = FlaskIdempotency(Idempotency(pool))
+    idem = FlaskIdempotency(Idempotency(pool), caller=lambda request: flask.g.user.id)
 
     @app.post("/orders")
     @idem.transactional(required=True)
@@ -20,7 +20,7 @@ after the result is stored (a success or a final failure), before the answer is 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar, Union
 
 import flask
 from werkzeug.exceptions import HTTPException
@@ -37,17 +37,27 @@ View = TypeVar("View", bound=Callable[..., Any])
 class FlaskIdempotency(http.RouteDecorators[View]):
     """Idempotency-Key support for Flask views (docs/http.md).
 
-    ``tenant``: called during a request, returns the tenant that prefixes the scope (or None).
-    ``settings``: header name, fingerprinted request headers, replayed response headers, and
-    which statuses are stored as successes, final failures or retryable failures.
+    ``caller``: called with ``flask.request``, returns who sends it (the authenticated
+    principal's id; None or "" when nobody is authenticated: a keyed request is then 401);
+    every key is scoped by it. ``public=True`` instead: the routes have no callers (a route
+    may also give its own ``caller`` or ``public``; a route without either is a TypeError).
+    ``tenant``: called during a request, returns the tenant that prefixes the scope (or None);
+    take it from the authenticated principal, never from a header the client chooses.
+    ``settings``: header name, fingerprinted request headers, replayed response headers, body
+    limit, and which statuses are stored as successes, final failures or retryable failures.
     The handler's context (``KeyContext`` or ``Lease``, None without a key) is
     ``flask.g.idempotency``.
     """
 
     def __init__(self, idempotency: Idempotency, *,
+                 caller: Optional[Callable[[flask.Request], http.CallerId]] = None,
+                 public: bool = False,
                  tenant: Optional[Callable[[], Optional[str]]] = None,
                  settings: http.HttpSettings = http.HttpSettings()) -> None:
+        http.check_caller(caller, public)
         self.idempotency = idempotency
+        self.caller = caller
+        self.public = public
         self.tenant = tenant
         self.settings = settings
 
@@ -62,17 +72,7 @@ class FlaskIdempotency(http.RouteDecorators[View]):
     def _handle(self, options: http.RouteOptions, view: Callable[..., Any],
                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> flask.Response:
         request = flask.request
-        environ = request.environ
-        route = request.url_rule.rule if request.url_rule is not None else request.path
-        body = request.get_data(cache=True)
-        if request.content_length and len(body) != request.content_length:
-            return _to_flask(http.body_unavailable())  # a form parser read it first
-        raw = http.RawRequest(
-            method=request.method, target=http.wsgi_target(environ),
-            key_lines=http.wsgi_key_lines(environ, self.settings.header),
-            content_type=environ.get("CONTENT_TYPE"), header=request.headers.get, body=body)
-        prepared = http.prepare(self.settings, options, raw, route=route,
-                                tenant=self.tenant() if self.tenant is not None else None)
+        prepared = self._prepare(options, request)
         if isinstance(prepared, http.HttpResponse):
             return _to_flask(prepared)
         if options.validate is not None:
@@ -134,12 +134,57 @@ class FlaskIdempotency(http.RouteDecorators[View]):
             return produced[0]
         return _to_flask(http.for_result(result))
 
+    def _prepare(self, options: http.RouteOptions, request: flask.Request
+                 ) -> Union[http.KeyedRequest, http.UnkeyedRequest, http.HttpResponse]:
+        """The key, the caller and the body, checked in that order before the database; the
+        body is read only for a keyed request, up to the limit."""
+        if not http.claims(options, request.method):
+            return http.UnkeyedRequest()
+        environ = request.environ
+        key = http.read_key(self.settings, options,
+                            http.wsgi_key_lines(environ, self.settings.header))
+        if not isinstance(key, str):
+            return key
+        caller = None
+        if options.caller is not None:
+            caller = http.caller_id(options.caller(request))
+            if isinstance(caller, http.HttpResponse):
+                return caller
+        limit = options.max_body_bytes
+        assert limit is not None
+        if http.declared_too_large(environ.get("CONTENT_LENGTH"), limit):
+            return http.too_large(limit)
+        body = _read_body(request, limit)
+        if body is None:
+            return http.too_large(limit)
+        if request.content_length and len(body) != request.content_length:
+            return http.body_unavailable()  # a form parser read it first
+        route = request.url_rule.rule if request.url_rule is not None else request.path
+        return http.keyed(
+            self.settings, key, method=request.method, route=route,
+            tenant=self.tenant() if self.tenant is not None else None, caller=caller,
+            target=http.wsgi_target(environ), content_type=environ.get("CONTENT_TYPE"),
+            header=request.headers.get, body=body)
+
     @staticmethod
     def _committed(options: http.RouteOptions, context: KeyContext,
                    response: flask.Response) -> None:
         hook = options.on_committed
         if hook is not None:
             http.run_hook(lambda: hook(context, response), "on_committed")
+
+
+def _read_body(request: flask.Request, limit: int) -> Optional[bytes]:
+    """The body, read from the request's stream in chunks (None past ``limit``: reading
+    stops), and kept where ``get_data()``, ``get_json()`` and the form parser find it."""
+    cached: Optional[bytes] = getattr(request, "_cached_data", None)
+    if cached is not None:  # the app read it already with get_data(cache=True)
+        return cached if len(cached) <= limit else None
+    body = http.read_bounded(request.stream.read, limit)
+    if body is not None:
+        # werkzeug's own cache of get_data(): the view reads these bytes as if it had
+        request._cached_data = body  # type: ignore[attr-defined]
+    return body
 
 
 def _to_flask(response: http.HttpResponse) -> flask.Response:

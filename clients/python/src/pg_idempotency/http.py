@@ -1,10 +1,10 @@
 """HTTP Idempotency-Key handling shared by the framework integrations (no framework here),
 as docs/http.md defines it.
 
-A request is checked before the database (the key header's syntax), its scope is the method and
-the route template (with an optional tenant in front), and its fingerprint is a SHA-256 of the
-method, the raw request target, the Content-Type, chosen headers and the exact body bytes
-(``fingerprint``). A response is captured as status, chosen headers and body bytes and replayed
+A request is checked before the database (the key header's syntax, who the caller is, the body's
+size), its scope is the method, the route template and the caller (with an optional tenant in
+front: ``http_scope``), and its fingerprint is a SHA-256 of the method, the raw request target,
+the Content-Type, chosen headers and the exact body bytes (``fingerprint``). A response is captured as status, chosen headers and body bytes and replayed
 byte for byte with ``Idempotent-Replayed: true``. Errors are RFC 9457 problem details.
 """
 
@@ -14,7 +14,7 @@ import base64
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from http import HTTPStatus
 from typing import (Any, Callable, Generic, Iterable, Literal, Mapping, Optional, Sequence,
@@ -29,8 +29,19 @@ from . import errors
 from .results import ClaimResult, InProgress, Replayed, Reply
 
 Disposition = Literal["complete", "terminal", "retryable"]
+#: what a caller hook returns: the principal's id (None or "": nobody authenticated)
+CallerId = Union[str, int, None]
 REPLAYED_HEADER = "Idempotent-Replayed"
 PROBLEM_JSON = "application/problem+json"
+#: methods that read: passed through without a claim unless a route sets claim_safe_methods
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+DEFAULT_MAX_BODY_BYTES = 100 * 1024
+#: the size of one read of a request body (the body is read up to the limit and one byte more)
+READ_CHUNK = 64 * 1024
+CALLER_REQUIRED = (
+    "pg_idempotency: say who the caller is: caller=lambda request: request.user.id (the"
+    " authenticated principal), or public=True for a route without callers (e.g. a webhook keyed"
+    " by the sender's own event id); see docs/http.md \"Keys belong to a caller\"")
 _FINGERPRINT_PREFIX = b"idempotency-http/1\n"
 logger = logging.getLogger(__name__)
 
@@ -62,6 +73,15 @@ class RouteOptions:
     heartbeat: Optional[bool] = None
     #: same-transaction mode: keep the handler's writes when its answer is a stored 4xx
     keep_writes_on_error: bool = False
+    #: who sends the request (the integration's ``caller`` unless the route gives its own);
+    #: None with ``public``
+    caller: Optional[Callable[..., Any]] = None
+    #: the route has no callers: keys are shared by everyone who sends one (a webhook)
+    public: bool = False
+    #: GET, HEAD, OPTIONS and TRACE are claimed too (by default they pass through)
+    claim_safe_methods: bool = False
+    #: a keyed request's body limit in bytes (None: the integration's ``max_body_bytes``)
+    max_body_bytes: Optional[int] = None
     #: runs before the key is claimed; an answer it gives is sent and nothing is stored
     validate: Optional[Callable[..., Any]] = None
     #: runs after the result is stored (a success or a final failure), before the answer is
@@ -77,34 +97,68 @@ class RouteDecorators(Generic[Handler]):
     route's options and hands them to the integration's ``_decorator``. The hooks' arguments
     are the integration's (see its doc)."""
 
+    #: set by the integration's constructor (``check_caller``)
+    caller: Optional[Callable[..., Any]] = None
+    public: bool = False
+    settings: HttpSettings
+
     def _decorator(self, options: RouteOptions) -> Callable[[Handler], Handler]:
         raise NotImplementedError
+
+    def _route_options(self, options: RouteOptions) -> RouteOptions:
+        """The route's options with its caller settled: the route's own ``caller`` or
+        ``public``, else the integration's; neither is a TypeError now, at decoration."""
+        check_caller(options.caller, options.public)
+        if options.public or options.caller is not None:
+            caller, public = options.caller, options.public
+        elif self.public or self.caller is not None:
+            caller, public = self.caller, self.public
+        else:
+            raise TypeError(CALLER_REQUIRED)
+        limit = (options.max_body_bytes if options.max_body_bytes is not None
+                 else self.settings.max_body_bytes)
+        if limit < 0:
+            raise ValueError("max_body_bytes must be 0 or more")
+        return replace(options, caller=caller, public=public, max_body_bytes=limit)
 
     def transactional(self, *, required: bool = False, ttl: Optional[timedelta] = None,
                       wait: Optional[timedelta] = None, keep_writes_on_error: bool = False,
                       validate: Optional[Callable[..., Any]] = None,
-                      on_committed: Optional[Callable[..., Any]] = None
+                      on_committed: Optional[Callable[..., Any]] = None,
+                      caller: Optional[Callable[..., Any]] = None, public: bool = False,
+                      claim_safe_methods: bool = False, max_body_bytes: Optional[int] = None
                       ) -> Callable[[Handler], Handler]:
         """Same-transaction mode: the handler's writes, the key and the stored response commit
         together (how the handler gets the transaction's connection: the integration's doc).
         An answer stored as a final failure (4xx) rolls the handler's writes back first, unless
         ``keep_writes_on_error``."""
-        return self._decorator(RouteOptions(
+        return self._decorator(self._route_options(RouteOptions(
             "transaction", required, ttl=ttl, wait=wait,
             keep_writes_on_error=keep_writes_on_error, validate=validate,
-            on_committed=on_committed))
+            on_committed=on_committed, caller=caller, public=public,
+            claim_safe_methods=claim_safe_methods, max_body_bytes=max_body_bytes)))
 
     def leased(self, *, required: bool = False, lease: Optional[timedelta] = None,
                ttl: Optional[timedelta] = None, wait: Optional[timedelta] = None,
                heartbeat: Optional[bool] = None, validate: Optional[Callable[..., Any]] = None,
-               on_committed: Optional[Callable[..., Any]] = None
+               on_committed: Optional[Callable[..., Any]] = None,
+               caller: Optional[Callable[..., Any]] = None, public: bool = False,
+               claim_safe_methods: bool = False, max_body_bytes: Optional[int] = None
                ) -> Callable[[Handler], Handler]:
         """Lease mode: the handler runs with no transaction open and its response is stored
         fenced by the attempt (how it gets the lease: the integration's doc). Heartbeats keep
         the lease alive by default (``heartbeat=False``: none)."""
-        return self._decorator(RouteOptions(
+        return self._decorator(self._route_options(RouteOptions(
             "lease", required, lease=lease, ttl=ttl, wait=wait, heartbeat=heartbeat,
-            validate=validate, on_committed=on_committed))
+            validate=validate, on_committed=on_committed, caller=caller, public=public,
+            claim_safe_methods=claim_safe_methods, max_body_bytes=max_body_bytes)))
+
+
+def check_caller(caller: Optional[Callable[..., Any]], public: bool) -> None:
+    """``caller`` and ``public`` exclude each other."""
+    if caller is not None and public:
+        raise TypeError("pg_idempotency: give caller= or public=True, not both: a public route"
+                        " shares its keys between every sender")
 
 
 @dataclass(frozen=True)
@@ -117,8 +171,10 @@ class HttpSettings:
     #: request headers that are part of the fingerprint (e.g. an account header)
     fingerprint_headers: Sequence[str] = ()
     #: response headers that are stored and replayed (the body and status always are)
-    replay_headers: Sequence[str] = ("Content-Type", "Location")
+    replay_headers: Sequence[str] = ("Content-Type", "Location", "Cache-Control")
     disposition: Callable[[int], Disposition] = default_disposition
+    #: a keyed request's body limit in bytes (a route may set its own): 413 past it
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
 @dataclass(frozen=True)
@@ -127,22 +183,6 @@ class HttpResponse:
 
     status: int
     headers: Sequence[tuple[str, str]]
-    body: bytes
-
-
-@dataclass(frozen=True)
-class RawRequest:
-    """What the fingerprint and the key come from, as the framework received them: header
-    values are the received bytes decoded as ISO-8859-1 (as WSGI and ASGI servers do)."""
-
-    method: str
-    #: the path and query string of the request line, not decoded
-    target: bytes
-    #: the field lines of the key header (a WSGI server joins repeated ones with commas)
-    key_lines: Sequence[str]
-    content_type: Optional[str]
-    #: a request header's value by lower-case name (repeated lines joined), or None
-    header: Callable[[str], Optional[str]]
     body: bytes
 
 
@@ -160,13 +200,10 @@ class UnkeyedRequest:
     """An optional key was not given: run the handler without idempotency."""
 
 
-Prepared = Union[KeyedRequest, UnkeyedRequest, HttpResponse]
-
-
 # The titles of the statuses this module answers with, fixed here: Python 3.13's HTTPStatus
 # renamed 422 ("Unprocessable Content"), and the answer must not change with the interpreter.
-TITLES = {400: "Bad Request", 409: "Conflict", 422: "Unprocessable Entity",
-          500: "Internal Server Error", 503: "Service Unavailable"}
+TITLES = {400: "Bad Request", 401: "Unauthorized", 409: "Conflict", 413: "Content Too Large",
+          422: "Unprocessable Entity", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
 def problem(status: int, code: str, detail: str,
@@ -259,6 +296,8 @@ def wsgi_target(environ: Mapping[str, Any]) -> bytes:
 
 
 def wsgi_key_lines(environ: Mapping[str, Any], header: str) -> list[str]:
+    """The key header as a WSGI server gives it: one value, repeated lines joined with commas
+    (which parse_key refuses, as it refuses two lines)."""
     value = environ.get("HTTP_" + header.upper().replace("-", "_"))
     return [] if value is None else [str(value)]
 
@@ -278,26 +317,99 @@ def asgi_header_lines(scope: Mapping[str, Any], name: str) -> list[str]:
             if header.lower() == wanted]
 
 
-def prepare(settings: HttpSettings, options: RouteOptions, request: RawRequest, *, route: str,
-            tenant: Optional[str]) -> Prepared:
-    """Check the key before the database and say what to claim: the scope is the method and
-    the route template, the fingerprint covers the rest of the request (``fingerprint``)."""
-    if not request.key_lines:
+def asgi_header(scope: Mapping[str, Any], name: str) -> Optional[str]:
+    """A request header's field lines joined with ", " in order (docs/http.md), None when
+    absent: ASGI keeps every line as received."""
+    lines = asgi_header_lines(scope, name)
+    return ", ".join(lines) if lines else None
+
+
+def claims(options: RouteOptions, method: str) -> bool:
+    """Whether the route claims a request of this method: GET, HEAD, OPTIONS and TRACE pass
+    through (their key header ignored) unless the route sets ``claim_safe_methods``."""
+    return options.claim_safe_methods or method.upper() not in SAFE_METHODS
+
+
+def read_key(settings: HttpSettings, options: RouteOptions,
+             key_lines: Sequence[str]) -> Union[str, UnkeyedRequest, HttpResponse]:
+    """The key of the request, before the database and before its body is read: the key,
+    ``UnkeyedRequest`` (an optional key is absent: nothing is read or claimed), or the 400
+    answer."""
+    if not key_lines:
         if options.required:
             return problem(400, "idempotency_key_missing",
                            f"this endpoint requires an {settings.header} header")
         return UnkeyedRequest()
-    key = parse_key(request.key_lines, settings.max_key_length)
+    key = parse_key(key_lines, settings.max_key_length)
     if key is None:
         return problem(400, "idempotency_key_invalid",
                        f"the {settings.header} header must be given once, as a string of 1 to"
                        f" {settings.max_key_length} visible ASCII characters (bare, or quoted"
                        " as an sf-string)")
-    method = request.method.upper()
-    scope = f"{method} {route}" if tenant is None else f"{tenant}:{method} {route}"
-    chosen = [(name, request.header(name.lower())) for name in settings.fingerprint_headers]
-    return KeyedRequest(key, scope, fingerprint(method, request.target, request.content_type,
-                                                request.body, chosen))
+    return key
+
+
+def caller_id(principal: Any) -> Union[str, HttpResponse]:
+    """What the caller hook returned, as the text its scope is made of; no caller (None or
+    "") is 401: a key is never claimed for an unknown caller."""
+    if principal is None or principal == "":
+        return problem(401, "idempotency_caller_unknown",
+                       "this endpoint's idempotency keys belong to a caller, and the request"
+                       " names none; authenticate")
+    if isinstance(principal, bool) or not isinstance(principal, (str, int)):
+        raise TypeError("pg_idempotency: the caller hook must return a str (or an int id), or"
+                        f" None for no caller; it returned a {type(principal).__name__}")
+    return str(principal)
+
+
+def http_scope(method: str, route: str, tenant: Optional[str] = None,
+               caller: Optional[str] = None) -> str:
+    """A key's scope (docs/http.md): ``[tenant ":"] METHOD " " route``, and for a route with
+    callers `` caller:`` and the lower-case hex SHA-256 of the caller id's UTF-8 bytes (the id
+    itself is not stored)."""
+    scope = f"{method.upper()} {route}"
+    if tenant is not None:
+        scope = f"{tenant}:{scope}"
+    if caller is not None:
+        scope += " caller:" + hashlib.sha256(caller.encode("utf-8")).hexdigest()
+    return scope
+
+
+def too_large(limit: int) -> HttpResponse:
+    return problem(413, "idempotency_body_too_large",
+                   f"an idempotent request's body may hold at most {limit} bytes")
+
+
+def declared_too_large(content_length: Optional[str], limit: int) -> bool:
+    """Whether a declared Content-Length is past the limit (a malformed one is left to the
+    server, which frames the body by it)."""
+    return (content_length is not None and content_length.strip().isdigit()
+            and int(content_length) > limit)
+
+
+def read_bounded(read: Callable[[int], bytes], limit: int) -> Optional[bytes]:
+    """The body read in chunks through ``read(n)``, or None once it passes ``limit`` bytes:
+    reading stops there, holding at most the limit and one chunk."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = read(min(READ_CHUNK, limit + 1 - size))
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+
+
+def keyed(settings: HttpSettings, key: str, *, method: str, route: str, tenant: Optional[str],
+          caller: Optional[str], target: bytes, content_type: Optional[str],
+          header: Callable[[str], Optional[str]], body: bytes) -> KeyedRequest:
+    """What to claim a keyed request with: its scope (``http_scope``) and its fingerprint
+    (``fingerprint``, over ``settings.fingerprint_headers`` read through ``header``)."""
+    chosen = [(name, header(name.lower())) for name in settings.fingerprint_headers]
+    return KeyedRequest(key, http_scope(method, route, tenant, caller),
+                        fingerprint(method, target, content_type, body, chosen))
 
 
 def has_body(status: int) -> bool:
@@ -423,7 +535,8 @@ def run_hook(hook: Callable[[], Any], name: str) -> None:
 
 
 __all__ = [
-    "Disposition", "HttpResponse", "HttpSettings", "KeyedRequest", "RawRequest", "RouteOptions",
-    "UnkeyedRequest", "default_disposition", "fingerprint", "for_error", "for_result",
-    "parse_key", "prepare", "problem", "replay", "reply_for",
+    "CALLER_REQUIRED", "CallerId", "DEFAULT_MAX_BODY_BYTES", "Disposition", "HttpResponse", "HttpSettings",
+    "KeyedRequest", "RouteOptions", "SAFE_METHODS", "UnkeyedRequest", "default_disposition",
+    "fingerprint", "for_error", "for_result", "http_scope", "parse_key", "problem", "replay",
+    "reply_for",
 ]

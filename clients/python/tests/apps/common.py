@@ -7,7 +7,8 @@ import os
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+import uuid
+from typing import Any, AsyncIterator, Callable, Optional
 
 import psycopg
 
@@ -71,3 +72,24 @@ BINARY_BODY = bytes(range(256)) + b"\x00\xff"
 
 def as_int(value: Any, default: int = 0) -> int:
     return int(value) if value is not None else default
+
+
+#: the applications' users: the bearer token the application checks, and the user it names
+USERS = {"Bearer token-alice": "alice", "Bearer token-bob": "bob", "Bearer token-carol": "carol"}
+#: the tenant of a user, as the application's own records say (never a header)
+TENANTS = {"carol": "acme"}
+
+
+def user_of(authorization: Optional[str]) -> Optional[str]:
+    """The authenticated user of a request's Authorization header (None: nobody)."""
+    return USERS.get(authorization or "")
+
+
+def tenant_of(authorization: Optional[str]) -> Optional[str]:
+    user = user_of(authorization)
+    return TENANTS.get(user) if user is not None else None
+
+
+def fresh_body(user: Optional[str]) -> bytes:
+    """A body that differs on every run (a replay is the same bytes) and says whose it is."""
+    return json.dumps({"user": user, "token": uuid.uuid4().hex}).encode()

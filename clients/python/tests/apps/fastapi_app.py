@@ -14,9 +14,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from pg_idempotency import AsyncIdempotency, KeyContext, Lease
 from pg_idempotency.fastapi import FastAPIIdempotency
+from pg_idempotency.http import HttpSettings
 
-from common import (BINARY_BODY, DSN, as_int, charge_body, committed_state, mark_started,
-                    order_body, pool_lifespan, released)
+from common import (BINARY_BODY, DSN, as_int, charge_body, committed_state, fresh_body,
+                    mark_started, order_body, pool_lifespan, released, tenant_of, user_of)
 
 
 async def until(condition: Callable[[], bool], timeout: float = 120) -> None:
@@ -28,9 +29,22 @@ async def until(condition: Callable[[], bool], timeout: float = 120) -> None:
 
 def create_app() -> FastAPI:
     pool = AsyncConnectionPool(DSN, min_size=4, max_size=80, open=False)
-    idem = FastAPIIdempotency(AsyncIdempotency(pool),
-                              tenant=lambda request: request.headers.get("X-Tenant"))
+    client = AsyncIdempotency(pool)
+
+    async def current_user(request: Request) -> Optional[str]:  # a coroutine hook works too
+        return user_of(request.headers.get("Authorization"))
+
+    idem = FastAPIIdempotency(
+        client, caller=current_user,
+        tenant=lambda request: tenant_of(request.headers.get("Authorization")))
+    by_account = FastAPIIdempotency(
+        client, caller=current_user, settings=HttpSettings(fingerprint_headers=["X-Account"]))
     router = APIRouter(route_class=idem.route_class)
+    accounts_router = APIRouter(route_class=by_account.route_class)
+
+    def fresh(request: Request) -> Response:
+        return Response(fresh_body(user_of(request.headers.get("Authorization"))),
+                        status_code=201, media_type="application/json")
 
     @router.get("/health")
     async def health() -> str:
@@ -163,7 +177,55 @@ def create_app() -> FastAPI:
     async def binary(conn: AsyncConnection[Any] = Depends(idem.connection)) -> Response:
         return Response(BINARY_BODY, status_code=200, media_type="application/octet-stream")
 
+    @router.post("/small")
+    @idem.transactional(required=True, max_body_bytes=1024)
+    async def small(request: Request,
+                    conn: AsyncConnection[Any] = Depends(idem.connection)) -> Response:
+        return Response(str(len(await request.body())), status_code=201,
+                        media_type="text/plain")
+
+    @router.post("/sized")  # optional key, the default limit; the view reads the body itself
+    @idem.transactional()
+    async def sized(request: Request,
+                    conn: AsyncConnection[Any] = Depends(idem.connection)) -> Response:
+        return Response(str(len(await request.body())), status_code=201,
+                        media_type="text/plain")
+
+    @router.api_route("/things", methods=["GET", "POST", "DELETE"])
+    @idem.transactional()
+    async def things(request: Request,
+                     conn: AsyncConnection[Any] = Depends(idem.connection)) -> Response:
+        return fresh(request)
+
+    @router.api_route("/things-claimed", methods=["GET", "POST"])
+    @idem.transactional(claim_safe_methods=True)
+    async def things_claimed(request: Request,
+                             conn: AsyncConnection[Any] = Depends(idem.connection)
+                             ) -> Response:
+        return fresh(request)
+
+    @router.post("/webhook")
+    @idem.leased(required=True, public=True)
+    async def webhook(request: Request) -> Response:
+        return fresh(request)
+
+    @router.post("/cached")
+    @idem.transactional(required=True)
+    async def cached(request: Request,
+                     conn: AsyncConnection[Any] = Depends(idem.connection)) -> Response:
+        response = fresh(request)
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+    @accounts_router.post("/accounts")
+    @by_account.transactional(required=True)
+    async def accounts(request: Request,
+                       conn: AsyncConnection[Any] = Depends(by_account.connection)
+                       ) -> Response:
+        return fresh(request)
+
     app = FastAPI()
     app.include_router(router)
+    app.include_router(accounts_router)
     app.router.lifespan_context = pool_lifespan(pool)
     return app

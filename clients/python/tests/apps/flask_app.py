@@ -11,16 +11,26 @@ from psycopg_pool import ConnectionPool
 
 from pg_idempotency import Idempotency, Lease
 from pg_idempotency.flask import FlaskIdempotency
+from pg_idempotency.http import HttpSettings
 
-from common import (BINARY_BODY, DSN, as_int, charge_body, committed_state, mark_started,
-                    order_body, pause, released, wait_until)
+from common import (BINARY_BODY, DSN, as_int, charge_body, committed_state, fresh_body,
+                    mark_started, order_body, pause, released, tenant_of, user_of, wait_until)
 
 
 def create_app() -> flask.Flask:
     app = flask.Flask(__name__)
     pool = ConnectionPool(DSN, min_size=4, max_size=80, open=True)
-    idem = FlaskIdempotency(Idempotency(pool),
-                            tenant=lambda: flask.request.headers.get("X-Tenant"))
+    client = Idempotency(pool)
+    idem = FlaskIdempotency(
+        client, caller=lambda request: user_of(request.headers.get("Authorization")),
+        tenant=lambda: tenant_of(flask.request.headers.get("Authorization")))
+    by_account = FlaskIdempotency(
+        client, caller=lambda request: user_of(request.headers.get("Authorization")),
+        settings=HttpSettings(fingerprint_headers=["X-Account"]))
+
+    def fresh() -> flask.Response:
+        return flask.Response(fresh_body(user_of(flask.request.headers.get("Authorization"))),
+                              status=201, content_type="application/json")
 
     @app.get("/health")
     def health() -> str:
@@ -145,5 +155,44 @@ def create_app() -> flask.Flask:
     @idem.transactional()
     def binary(conn: Any) -> flask.Response:
         return flask.Response(BINARY_BODY, status=200, content_type="application/octet-stream")
+
+    @app.post("/small")
+    @idem.transactional(required=True, max_body_bytes=1024)
+    def small(conn: Any) -> flask.Response:
+        return flask.Response(str(len(flask.request.get_data())), status=201,
+                              content_type="text/plain")
+
+    @app.post("/sized")  # optional key, the default limit; the view reads the body itself
+    @idem.transactional()
+    def sized(conn: Any) -> flask.Response:
+        return flask.Response(str(len(flask.request.get_data())), status=201,
+                              content_type="text/plain")
+
+    @app.route("/things", methods=["GET", "POST", "DELETE"])
+    @idem.transactional()
+    def things(conn: Any) -> flask.Response:
+        return fresh()
+
+    @app.route("/things-claimed", methods=["GET", "POST"])
+    @idem.transactional(claim_safe_methods=True)
+    def things_claimed(conn: Any) -> flask.Response:
+        return fresh()
+
+    @app.post("/webhook")
+    @idem.leased(required=True, public=True)
+    def webhook(lease: Lease) -> flask.Response:
+        return fresh()
+
+    @app.post("/cached")
+    @idem.transactional(required=True)
+    def cached(conn: Any) -> flask.Response:
+        response = fresh()
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+    @app.post("/accounts")
+    @by_account.transactional(required=True)
+    def accounts(conn: Any) -> flask.Response:
+        return fresh()
 
     return app

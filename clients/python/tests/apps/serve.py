@@ -1,5 +1,7 @@
-"""Start one test application: serve.py flask|fastapi|flask-conformance|fastapi-conformance PORT
-(settings from the environment)."""
+"""Start one test application: serve.py KIND PORT, KIND one of flask, fastapi,
+flask-conformance, fastapi-conformance, django-wsgi-conformance (sync views) and
+django-wsgi-async-conformance (``async def`` views) under werkzeug's threaded server,
+django-asgi-conformance (``async def`` views) under uvicorn; settings from the environment."""
 
 from __future__ import annotations
 
@@ -11,13 +13,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 def main() -> None:
     kind, port = sys.argv[1], int(sys.argv[2])
-    if kind.startswith("flask"):
+    if kind.startswith("flask") or kind.startswith("django-wsgi"):
         import logging
 
         from werkzeug.serving import make_server
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
-        if kind == "flask-conformance":
+        if kind.startswith("django-wsgi"):
+            from conformance_app import create_django
+            asynchronous = kind == "django-wsgi-async-conformance"
+            create_app = lambda: create_django(asynchronous, wsgi=True)  # noqa: E731
+        elif kind == "flask-conformance":
             from conformance_app import create_flask as create_app
         else:
             from flask_app import create_app
@@ -25,12 +31,16 @@ def main() -> None:
     else:
         import uvicorn
 
-        if kind == "fastapi-conformance":
+        if kind == "django-asgi-conformance":
+            from conformance_app import create_django
+            create_fastapi = lambda: create_django(asynchronous=True, wsgi=False)  # noqa: E731
+        elif kind == "fastapi-conformance":
             from conformance_app import create_fastapi
         else:
             from fastapi_app import create_app as create_fastapi
+        # Django's ASGI handler serves HTTP only, no lifespan events
         uvicorn.run(create_fastapi(), host="127.0.0.1", port=port, log_level="warning",
-                    access_log=False)
+                    access_log=False, lifespan="off" if kind.startswith("django") else "auto")
 
 
 if __name__ == "__main__":
