@@ -37,7 +37,7 @@ IDEM_SQL_FUNCTION(idem_row_security_restore)
 		ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
 		                errmsg("idem_row_security_restore() is called by triggers only")));
 	rowsecurity_apply_loaded();
-	return PointerGetDatum(nullptr);
+	return (Datum) 0;  // a statement trigger returns a NULL pointer
 }
 
 // idem_row_security_apply(): the number of policies re-created.
@@ -53,5 +53,5 @@ IDEM_SQL_FUNCTION(idem_keys_load_check)
 		ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
 		                errmsg("idem_keys_load_check() is called by triggers only")));
 	rowsecurity_check_keys_load(((TriggerData *) fcinfo->context)->tg_relation);
-	return PointerGetDatum(nullptr);
+	return (Datum) 0;  // a statement trigger returns a NULL pointer
 }
