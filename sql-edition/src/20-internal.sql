@@ -548,6 +548,9 @@ $fn$;
 -- The owner's calls (complete, fail, extend, release) on a key whose conditional write found
 -- nothing to change: the reason, in the contract's order (IK003, then IK002 before IK004), or
 -- nothing if the key's current version would now qualify (the caller then tries again).
+-- The conditional write skips a committed version that does not qualify without waiting for a
+-- transaction that is writing it; locking the row waits for that writer and decides on its
+-- result (docs/contract.md §2), as the C edition does.
 CREATE FUNCTION @extschema@.idem_sql_owner_refusal(scope_ text, key_ text, attempt_ integer,
                                                    in_batch boolean)
 RETURNS void
@@ -557,10 +560,18 @@ DECLARE
     r    @extschema@.idem_keys;
     now_ timestamptz;
 BEGIN
-    SELECT k.* INTO r FROM @extschema@.idem_keys AS k
-     WHERE k.scope OPERATOR(pg_catalog.=) scope_ AND k.key OPERATOR(pg_catalog.=) key_;
+    LOOP
+        SELECT k.* INTO r FROM @extschema@.idem_keys AS k
+         WHERE k.scope OPERATOR(pg_catalog.=) scope_ AND k.key OPERATOR(pg_catalog.=) key_
+           FOR NO KEY UPDATE;
+        EXIT WHEN FOUND;
+        -- deleted by the writer waited for: absent, unless written anew meanwhile
+        EXIT WHEN NOT EXISTS (SELECT FROM @extschema@.idem_keys AS k
+                               WHERE k.scope OPERATOR(pg_catalog.=) scope_
+                                 AND k.key OPERATOR(pg_catalog.=) key_);
+    END LOOP;
     now_ := pg_catalog.clock_timestamp();
-    IF NOT FOUND OR (r.expires_at OPERATOR(pg_catalog.<=) now_
+    IF r.key IS NULL OR (r.expires_at OPERATOR(pg_catalog.<=) now_
                      AND NOT (r.state OPERATOR(pg_catalog.=) 'pending'::@extschema@.idem_state
                               AND r.locked_until OPERATOR(pg_catalog.>) now_)) THEN
         IF in_batch THEN
