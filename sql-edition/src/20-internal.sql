@@ -166,25 +166,35 @@ BEGIN
 END
 $fn$;
 
--- What every writing function checks after its arguments and before it reads a key
--- (docs/contract.md §2): that the transaction can write, then the privileges on idem_keys
--- (table-level, as the C edition checks them, with PostgreSQL's own message).
+-- What every function that reads or writes keys checks after its arguments and before it reads
+-- a key (docs/contract.md §2): that the transaction can write (unless SELECT is all it needs),
+-- then the privileges on idem_keys (table-level, as the C edition checks them, with PostgreSQL's
+-- own message and the C edition's HINT naming the GRANT that fixes it, docs/security.md).
 CREATE FUNCTION @extschema@.idem_sql_may(caller text, privileges text[])
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $fn$
 DECLARE
-    p text;
+    p      text;
+    table_ text;
 BEGIN
-    IF caller IS NOT NULL
+    IF privileges OPERATOR(pg_catalog.<>) '{SELECT}'::text[]
        AND pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
         RAISE EXCEPTION 'cannot execute % in a read-only transaction', caller
             USING ERRCODE = 'read_only_sql_transaction';
     END IF;
     FOREACH p IN ARRAY privileges LOOP
         IF NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, p) THEN
+            SELECT pg_catalog.format('%I.%I', n.nspname, c.relname) INTO table_
+              FROM pg_catalog.pg_class AS c
+              JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+             WHERE c.oid OPERATOR(pg_catalog.=) '@extschema@.idem_keys'::pg_catalog.regclass;
             RAISE EXCEPTION 'permission denied for table idem_keys'
-                USING ERRCODE = 'insufficient_privilege';
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = pg_catalog.format('%s needs %s on %s: GRANT %s ON %s TO %I (or to a role it inherits from; docs/security.md, "Granting access").',
+                                               caller, pg_catalog.array_to_string(privileges, ', '), table_,
+                                               pg_catalog.array_to_string(privileges, ', '), table_,
+                                               CURRENT_USER);
         END IF;
     END LOOP;
 END
