@@ -166,25 +166,35 @@ BEGIN
 END
 $fn$;
 
--- What every writing function checks after its arguments and before it reads a key
--- (docs/contract.md §2): that the transaction can write, then the privileges on idem_keys
--- (table-level, as the C edition checks them, with PostgreSQL's own message).
+-- What every function that reads or writes keys checks after its arguments and before it reads
+-- a key (docs/contract.md §2): that the transaction can write (unless SELECT is all it needs),
+-- then the privileges on idem_keys (table-level, as the C edition checks them, with PostgreSQL's
+-- own message and the C edition's HINT naming the GRANT that fixes it, docs/security.md).
 CREATE FUNCTION @extschema@.idem_sql_may(caller text, privileges text[])
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $fn$
 DECLARE
-    p text;
+    p      text;
+    table_ text;
 BEGIN
-    IF caller IS NOT NULL
+    IF privileges OPERATOR(pg_catalog.<>) '{SELECT}'::text[]
        AND pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
         RAISE EXCEPTION 'cannot execute % in a read-only transaction', caller
             USING ERRCODE = 'read_only_sql_transaction';
     END IF;
     FOREACH p IN ARRAY privileges LOOP
         IF NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, p) THEN
+            SELECT pg_catalog.format('%I.%I', n.nspname, c.relname) INTO table_
+              FROM pg_catalog.pg_class AS c
+              JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+             WHERE c.oid OPERATOR(pg_catalog.=) '@extschema@.idem_keys'::pg_catalog.regclass;
             RAISE EXCEPTION 'permission denied for table idem_keys'
-                USING ERRCODE = 'insufficient_privilege';
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = pg_catalog.format('%s needs %s on %s: GRANT %s ON %s TO %I (or to a role it inherits from; docs/security.md, "Granting access").',
+                                               caller, pg_catalog.array_to_string(privileges, ', '), table_,
+                                               pg_catalog.array_to_string(privileges, ', '), table_,
+                                               CURRENT_USER);
         END IF;
     END LOOP;
 END
@@ -548,6 +558,9 @@ $fn$;
 -- The owner's calls (complete, fail, extend, release) on a key whose conditional write found
 -- nothing to change: the reason, in the contract's order (IK003, then IK002 before IK004), or
 -- nothing if the key's current version would now qualify (the caller then tries again).
+-- The conditional write skips a committed version that does not qualify without waiting for a
+-- transaction that is writing it; locking the row waits for that writer and decides on its
+-- result (docs/contract.md §2), as the C edition does.
 CREATE FUNCTION @extschema@.idem_sql_owner_refusal(scope_ text, key_ text, attempt_ integer,
                                                    in_batch boolean)
 RETURNS void
@@ -557,10 +570,18 @@ DECLARE
     r    @extschema@.idem_keys;
     now_ timestamptz;
 BEGIN
-    SELECT k.* INTO r FROM @extschema@.idem_keys AS k
-     WHERE k.scope OPERATOR(pg_catalog.=) scope_ AND k.key OPERATOR(pg_catalog.=) key_;
+    LOOP
+        SELECT k.* INTO r FROM @extschema@.idem_keys AS k
+         WHERE k.scope OPERATOR(pg_catalog.=) scope_ AND k.key OPERATOR(pg_catalog.=) key_
+           FOR NO KEY UPDATE;
+        EXIT WHEN FOUND;
+        -- deleted by the writer waited for: absent, unless written anew meanwhile
+        EXIT WHEN NOT EXISTS (SELECT FROM @extschema@.idem_keys AS k
+                               WHERE k.scope OPERATOR(pg_catalog.=) scope_
+                                 AND k.key OPERATOR(pg_catalog.=) key_);
+    END LOOP;
     now_ := pg_catalog.clock_timestamp();
-    IF NOT FOUND OR (r.expires_at OPERATOR(pg_catalog.<=) now_
+    IF r.key IS NULL OR (r.expires_at OPERATOR(pg_catalog.<=) now_
                      AND NOT (r.state OPERATOR(pg_catalog.=) 'pending'::@extschema@.idem_state
                               AND r.locked_until OPERATOR(pg_catalog.>) now_)) THEN
         IF in_batch THEN

@@ -149,7 +149,7 @@ DECLARE
 BEGIN
     PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
     PERFORM @extschema@.idem_sql_check_scope(scope);
-    PERFORM @extschema@.idem_sql_may(NULL, '{SELECT}');
+    PERFORM @extschema@.idem_sql_may('idem_lookup()', '{SELECT}');
     SELECT k.* INTO r FROM @extschema@.idem_keys AS k
      WHERE k.scope OPERATOR(pg_catalog.=) idem_lookup.scope AND k.key OPERATOR(pg_catalog.=) idem_lookup.key;
     now_ := pg_catalog.clock_timestamp();

@@ -21,11 +21,7 @@
 # (in_progress with nothing visible) or work on other keys, and one of them may call on a key it
 # wrote without a bounded wait (claim, complete, fail, extend, release, forget, a one-key batch):
 # that call must still be waiting when the transaction ends, and then answers from what it left.
-#
-# A known difference is reported as a TODO test, each time it shows, with both answers: the SQL
-# edition refuses an owner's call (IK002, IK003, IK004) from a key's committed version without
-# waiting for the transaction that is writing it, where the C edition waits and decides on the new
-# version (docs/contract.md §2, idem_complete and idem_fail).  Any other difference fails the test.
+# Any difference fails the test.
 #
 # Time.  The two editions run at different wall-clock moments, so a timestamp cannot be compared
 # as a value.  Every interval the test gives is either short (at most 2 ms) or long (an hour or
@@ -828,7 +824,6 @@ sub check_op
 	return;
 }
 
-my @known;    # the known difference, each time it showed: { op, sql (its early answer), c }
 
 sub end_tx
 {
@@ -858,18 +853,9 @@ sub end_tx
 		}
 		if ($early{sql})
 		{
-			# Known: the SQL edition refuses an owner's call (IK002, IK003, IK004) from the key's
-			# committed version without waiting for its writer; the C edition waits and decides on the
-			# new version (docs/contract.md §2, idem_complete, idem_fail).  Recorded as a TODO below
-			# (the refusal writes nothing, so the run goes on); anything else stops the run.
-			my $code = $early{sql}{err}{sqlstate} // '';
-			if ($op->{fn} =~ /^(complete|fail|extend|release)$/ && $code =~ /^IK00[234]$/) { push @known, { op => $op, sql => $early{sql} } }
-			else
-			{
-				$opno++;
-				return fail_with('the SQL edition answered a call on a key an open transaction wrote before the transaction ended',
-					$op, $none, $early{sql});
-			}
+			$opno++;
+			return fail_with('the SQL edition answered a call on a key an open transaction wrote before the transaction ended',
+				$op, $none, $early{sql});
 		}
 	}
 	my ($rc, $rs) = both($si, ($commit ? 'COMMIT;' : 'ROLLBACK;') . " $CLOCK $CLOCK");
@@ -885,19 +871,11 @@ sub end_tx
 		my %res;
 		for my $e (@editions)
 		{
-			if ($early{$e}) { $res{$e} = $early{$e}; next }
 			my ($out, $err) = $sess{$e}[ $a->{si} ]->wait;
 			$res{$e} = parse_output($out, $err);
 		}
 		$stats{ 'call that waited for a transaction: ' . ($commit ? 'after COMMIT' : 'after ROLLBACK') }++;
-		if ($early{sql})
-		{
-			# the known difference above: its answers are in the TODO; the rows are still compared
-			$known[-1]{c} = $res{c};
-			$opno++;
-			note_writers($_, $res{$_}) for @editions;
-		}
-		else { check_op($a->{op}, @res{@editions}) }
+		check_op($a->{op}, @res{@editions});
 		return if $failure;
 	}
 	# (after the waiting call: it may write as soon as the transaction ends)
@@ -1006,16 +984,6 @@ note sprintf('%d operations in %.1f s', $opno, $elapsed);
 note "  $_: $stats{$_}" for sort keys %stats;
 diag $failure if $failure;
 ok(!$failure, "the C and SQL editions agree on all $opno operations (seed $seed)");
-TODO:
-{
-	local $TODO = 'the SQL edition refuses an owner call on a key another transaction is writing without waiting for it';
-	for my $k (@known)
-	{
-		fail("SQL edition answered without waiting for the writer: $k->{op}{sql}\n"
-			  . "  sql (before the transaction ended): " . error_text($k->{sql}{err}) . "\n"
-			  . "  c (after it ended): " . (%{ $k->{c}{err} } ? error_text($k->{c}{err}) : join(' | ', map { @$_ } @{ $k->{c}{r} })));
-	}
-}
 cmp_ok($opno, '>=', $nops, "all $nops operations ran");
 # what the run must have exercised for its verdict to mean something
 if (!$failure && $nops >= 800)
