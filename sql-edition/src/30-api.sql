@@ -370,13 +370,13 @@ BEGIN
                                       requests[i], true) END)
                    FROM pg_catalog.generate_series(1, n) AS i ORDER BY i);
     FOR e IN
-        SELECT a.k, a.i AS first_i, b.i AS next_i
-          FROM ROWS FROM (pg_catalog.unnest(keys), pg_catalog.unnest(fps)) WITH ORDINALITY AS a(k, fp, i)
-          JOIN ROWS FROM (pg_catalog.unnest(keys), pg_catalog.unnest(fps)) WITH ORDINALITY AS b(k, fp, i)
-            ON (a.k COLLATE pg_catalog."C") OPERATOR(pg_catalog.=) b.k AND a.i OPERATOR(pg_catalog.<) b.i
-         WHERE CASE WHEN a.fp IS NULL THEN b.fp IS NOT NULL WHEN b.fp IS NULL THEN true
-                    ELSE NOT a.fp OPERATOR(pg_catalog.=) b.fp END
-         ORDER BY (a.k COLLATE pg_catalog."C"), b.i
+        SELECT d.k, d.first_i, d.next_i FROM (  -- each repeat against the one before it, as C does
+            SELECT a.k, pg_catalog.lag(a.i) OVER w AS first_i, a.i AS next_i, pg_catalog.lag(a.fp) OVER w AS first_fp, a.fp AS next_fp
+              FROM ROWS FROM (pg_catalog.unnest(keys), pg_catalog.unnest(fps)) WITH ORDINALITY AS a(k, fp, i)
+            WINDOW w AS (PARTITION BY (a.k COLLATE pg_catalog."C") ORDER BY a.i)) AS d
+         WHERE d.first_i IS NOT NULL AND CASE WHEN d.first_fp IS NULL THEN d.next_fp IS NOT NULL WHEN d.next_fp IS NULL THEN true
+                    ELSE NOT d.first_fp OPERATOR(pg_catalog.=) d.next_fp END
+         ORDER BY (d.k COLLATE pg_catalog."C"), d.next_i
          LIMIT 1
     LOOP
         RAISE EXCEPTION 'idempotency key "%" appears twice in argument "keys" with different requests', e.k
