@@ -125,6 +125,46 @@ BEGIN
 END
 $fn$;
 
+-- The same, in SQL so that the planner inlines it into the caller's expression (no call for a
+-- valid interval; idem_sql_duration_end only to raise). from_ must be a variable, not a call.
+CREATE FUNCTION @extschema@.idem_sql_end(from_ timestamptz, duration interval, arg text)
+RETURNS timestamptz
+LANGUAGE sql VOLATILE
+AS $fn$
+SELECT CASE WHEN duration OPERATOR(pg_catalog.>) '0'::interval
+                 AND duration OPERATOR(pg_catalog.<=) '100 years'::interval
+                 AND (from_ OPERATOR(pg_catalog.+) duration) OPERATOR(pg_catalog.>) from_
+                 AND (from_ OPERATOR(pg_catalog.+) duration)
+                     OPERATOR(pg_catalog.<=) (from_ OPERATOR(pg_catalog.+) '100 years'::interval)
+            THEN from_ OPERATOR(pg_catalog.+) duration
+            ELSE @extschema@.idem_sql_duration_end(from_, duration, arg) END
+$fn$;
+
+-- A claim's lease end and expiry from `from_`: the argument, else idempotency.default_lease
+-- (60 s) and idempotency.default_ttl (1 day). Inlined like idem_sql_end.
+CREATE FUNCTION @extschema@.idem_sql_lease_end(from_ timestamptz, lease interval)
+RETURNS timestamptz
+LANGUAGE sql VOLATILE
+AS $fn$
+SELECT CASE WHEN lease IS NOT NULL THEN @extschema@.idem_sql_end(from_, lease, 'lease')
+            WHEN coalesce(pg_catalog.current_setting('idempotency.default_lease', true), '') OPERATOR(pg_catalog.=) ''
+            THEN from_ OPERATOR(pg_catalog.+) '60 seconds'::interval
+            ELSE from_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
+                 @extschema@.idem_sql_setting('idempotency.default_lease', 60000, 1, 2147483647, 'ms')
+                 OPERATOR(pg_catalog./) 1000.0) END
+$fn$;
+
+CREATE FUNCTION @extschema@.idem_sql_ttl_end(from_ timestamptz, ttl interval)
+RETURNS timestamptz
+LANGUAGE sql VOLATILE
+AS $fn$
+SELECT CASE WHEN ttl IS NOT NULL THEN @extschema@.idem_sql_end(from_, ttl, 'ttl')
+            WHEN coalesce(pg_catalog.current_setting('idempotency.default_ttl', true), '') OPERATOR(pg_catalog.=) ''
+            THEN from_ OPERATOR(pg_catalog.+) '86400 seconds'::interval
+            ELSE from_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
+                 @extschema@.idem_sql_setting('idempotency.default_ttl', 86400, 1, 2147483647, 's')) END
+$fn$;
+
 -- docs/contract.md §9.3: from 0 to 1 hour, on the calendar like the other intervals. Returns the
 -- call's deadline.
 CREATE FUNCTION @extschema@.idem_sql_deadline(wait interval)
@@ -311,6 +351,12 @@ $fn$;
 -- for by a share lock taken in a subtransaction that is then rolled back (so nothing stays
 -- locked), and writes wait as INSERT ... ON CONFLICT and UPDATE do. A write is made only to the
 -- version that was decided on (same xmin), else the claim decides again on the new one.
+-- Look first or insert first (docs/editions.md): INSERT ... ON CONFLICT DO NOTHING looks before
+-- it inserts, so inserting first costs a new key one statement instead of two, and an existing
+-- key an insertion attempt more than a look. As the C edition does, a claim inserts first after
+-- a claim of this session that created its key (the placeholder setting idem_sql.insert_first,
+-- a hint only: either way gives the same answer), never with `wait` (lock_timeout would bound the
+-- insertion's wait) or under a transaction snapshot.
 CREATE FUNCTION @extschema@.idem_sql_claim_key(
     scope_ text, key_ text, fingerprint_ bytea, request_ jsonb, ttl_ interval, lease_ interval,
     deadline timestamptz, applied_ boolean, in_batch boolean)
@@ -331,58 +377,68 @@ DECLARE
     before   text;
     done     boolean;
     seconds  numeric;
-    unseen   @extschema@.idem_claim_result :=
-        ROW('in_progress', false, NULL, NULL, NULL, NULL, NULL, NULL, 1, NULL, NULL)::@extschema@.idem_claim_result;
+    look     boolean := coalesce(pg_catalog.current_setting('idem_sql.insert_first', true), '') OPERATOR(pg_catalog.<>) 'on'
+                        OR deadline IS NOT NULL
+                        OR pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed';
 BEGIN
     LOOP
-        SELECT k AS row_, k.xmin AS xmin_, k.xmax AS xmax_ INTO seen
-          FROM @extschema@.idem_keys AS k
-         WHERE k.scope OPERATOR(pg_catalog.=) scope_ AND k.key OPERATOR(pg_catalog.=) key_;
+        IF look THEN
+            SELECT k AS row_, k.xmin AS xmin_, k.xmax AS xmax_ INTO seen
+              FROM @extschema@.idem_keys AS k
+             WHERE k.scope OPERATOR(pg_catalog.=) scope_ AND k.key OPERATOR(pg_catalog.=) key_;
+        END IF;
 
-        IF NOT FOUND THEN
+        IF NOT look OR NOT FOUND THEN
             -- §2 step 1: a new key. A concurrent insert of it is waited for by the insert itself.
             now_ := pg_catalog.clock_timestamp();
-            r := ROW(scope_, key_, 'pending', 1, fingerprint_, NULL, NULL, NULL, now_,
-                     CASE WHEN lease_ IS NULL
-                          THEN now_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
-                               (CASE WHEN coalesce(pg_catalog.current_setting('idempotency.default_lease', true), '') OPERATOR(pg_catalog.=) '' THEN 60000 ELSE @extschema@.idem_sql_setting('idempotency.default_lease', 60000, 1, 2147483647, 'ms') END)
-                               OPERATOR(pg_catalog./) 1000.0)
-                          ELSE @extschema@.idem_sql_duration_end(now_, lease_, 'lease') END,
-                     NULL,
-                     CASE WHEN ttl_ IS NULL
-                          THEN now_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
-                               (CASE WHEN coalesce(pg_catalog.current_setting('idempotency.default_ttl', true), '') OPERATOR(pg_catalog.=) '' THEN 86400 ELSE @extschema@.idem_sql_setting('idempotency.default_ttl', 86400, 1, 2147483647, 's') END))
-                          ELSE @extschema@.idem_sql_duration_end(now_, ttl_, 'ttl') END,
-                     NULL, NULL, now_);
-            IF applied_ THEN
-                r.state := 'succeeded';
-                r.locked_until := NULL;
-                r.completed_at := now_;
-            END IF;
             IF deadline IS NULL THEN
-                INSERT INTO @extschema@.idem_keys AS k VALUES (r.*) ON CONFLICT DO NOTHING
-                    RETURNING k.* INTO r;
+                INSERT INTO @extschema@.idem_keys AS k
+                       (scope, key, state, attempt, fingerprint, created_at, expires_at, locked_until,
+                        completed_at, claimed_at)
+                VALUES (scope_, key_, CASE WHEN applied_ THEN 'succeeded'::@extschema@.idem_state ELSE 'pending'::@extschema@.idem_state END,
+                        1, fingerprint_, now_, @extschema@.idem_sql_ttl_end(now_, ttl_),
+                        CASE WHEN NOT applied_ THEN @extschema@.idem_sql_lease_end(now_, lease_) END,
+                        CASE WHEN applied_ THEN now_ END, now_)
+                ON CONFLICT DO NOTHING
+                RETURNING k.attempt, k.state, k.expires_at INTO r.attempt, r.state, r.expires_at;
                 done := FOUND;
             ELSE
                 BEGIN
                     before := @extschema@.idem_sql_lock_until(deadline);
-                    INSERT INTO @extschema@.idem_keys AS k VALUES (r.*) ON CONFLICT DO NOTHING
-                        RETURNING k.* INTO r;
+                    INSERT INTO @extschema@.idem_keys AS k
+                           (scope, key, state, attempt, fingerprint, created_at, expires_at, locked_until,
+                            completed_at, claimed_at)
+                    VALUES (scope_, key_, CASE WHEN applied_ THEN 'succeeded'::@extschema@.idem_state ELSE 'pending'::@extschema@.idem_state END,
+                            1, fingerprint_, now_, @extschema@.idem_sql_ttl_end(now_, ttl_),
+                            CASE WHEN NOT applied_ THEN @extschema@.idem_sql_lease_end(now_, lease_) END,
+                            CASE WHEN applied_ THEN now_ END, now_)
+                    ON CONFLICT DO NOTHING
+                    RETURNING k.attempt, k.state, k.expires_at INTO r.attempt, r.state, r.expires_at;
                     done := FOUND;
                     PERFORM pg_catalog.set_config('lock_timeout', before, true);
                 EXCEPTION WHEN lock_not_available THEN
-                    RETURN unseen;
+                    RETURN ROW('in_progress', false, NULL, NULL, NULL, NULL, NULL, NULL, 1, NULL, NULL)::@extschema@.idem_claim_result;  -- nothing seen
                 END;
             END IF;
             IF done THEN
+                IF look AND deadline IS NULL  -- a new key: the next claims of this session insert first
+                   AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
+                    PERFORM pg_catalog.set_config('idem_sql.insert_first', 'on', false);
+                END IF;
                 RETURN ROW('claimed', true, r.attempt, r.state, NULL, NULL, NULL, r.expires_at,
                            NULL, NULL, NULL)::@extschema@.idem_claim_result;
             END IF;
-            -- it exists now (committed), or row-level security hides it from this role
-            hidden := hidden OPERATOR(pg_catalog.+) 1;
-            IF hidden OPERATOR(pg_catalog.>) 3 THEN
-                RAISE EXCEPTION 'idempotency key "%" exists but row-level security hides it from this role', key_
-                    USING ERRCODE = 'insufficient_privilege';
+            -- it exists (committed, or this transaction's), or row-level security hides it from
+            -- this role (then the look finds nothing, again and again)
+            IF look THEN
+                hidden := hidden OPERATOR(pg_catalog.+) 1;
+                IF hidden OPERATOR(pg_catalog.>) 3 THEN
+                    RAISE EXCEPTION 'idempotency key "%" exists but row-level security hides it from this role', key_
+                        USING ERRCODE = 'insufficient_privilege';
+                END IF;
+            ELSE  -- a key that exists: the next claims of this session look first
+                PERFORM pg_catalog.set_config('idem_sql.insert_first', 'off', false);
+                look := true;
             END IF;
             CONTINUE;
         END IF;
@@ -422,7 +478,7 @@ BEGIN
                         IF deadline IS NULL THEN
                             RAISE;
                         END IF;
-                        RETURN unseen;
+                        RETURN ROW('in_progress', false, NULL, NULL, NULL, NULL, NULL, NULL, 1, NULL, NULL)::@extschema@.idem_claim_result;  -- nothing seen
                 END;
                 probed := true;
                 CONTINUE;
@@ -493,20 +549,13 @@ BEGIN
                     USING ERRCODE = 'numeric_value_out_of_range';
             END IF;
             r.attempt := r.attempt OPERATOR(pg_catalog.+) 1;
-            r.expires_at := greatest(r.expires_at,
-                CASE WHEN ttl_ IS NULL
-                     THEN now_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
-                          (CASE WHEN coalesce(pg_catalog.current_setting('idempotency.default_ttl', true), '') OPERATOR(pg_catalog.=) '' THEN 86400 ELSE @extschema@.idem_sql_setting('idempotency.default_ttl', 86400, 1, 2147483647, 's') END))
-                     ELSE @extschema@.idem_sql_duration_end(now_, ttl_, 'ttl') END);
+            r.expires_at := greatest(r.expires_at, @extschema@.idem_sql_ttl_end(now_, ttl_));
         ELSE
             -- §9.1: claimed anew in place, as a new key
             r.attempt := 1;
             r.fingerprint := fingerprint_;
             r.created_at := now_;
-            r.expires_at := CASE WHEN ttl_ IS NULL
-                                 THEN now_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
-                                      (CASE WHEN coalesce(pg_catalog.current_setting('idempotency.default_ttl', true), '') OPERATOR(pg_catalog.=) '' THEN 86400 ELSE @extschema@.idem_sql_setting('idempotency.default_ttl', 86400, 1, 2147483647, 's') END))
-                                 ELSE @extschema@.idem_sql_duration_end(now_, ttl_, 'ttl') END;
+            r.expires_at := @extschema@.idem_sql_ttl_end(now_, ttl_);
         END IF;
         r.state := CASE WHEN applied_ THEN 'succeeded' ELSE 'pending' END;
         r.response := NULL;
@@ -516,12 +565,7 @@ BEGIN
         r.retryable := NULL;
         r.claimed_at := now_;
         r.completed_at := CASE WHEN applied_ THEN now_ END;
-        r.locked_until := CASE WHEN applied_ THEN NULL
-                               WHEN lease_ IS NULL
-                               THEN now_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
-                                    (CASE WHEN coalesce(pg_catalog.current_setting('idempotency.default_lease', true), '') OPERATOR(pg_catalog.=) '' THEN 60000 ELSE @extschema@.idem_sql_setting('idempotency.default_lease', 60000, 1, 2147483647, 'ms') END)
-                                    OPERATOR(pg_catalog./) 1000.0)
-                               ELSE @extschema@.idem_sql_duration_end(now_, lease_, 'lease') END;
+        r.locked_until := CASE WHEN NOT applied_ THEN @extschema@.idem_sql_lease_end(now_, lease_) END;
         BEGIN
             IF deadline IS NOT NULL THEN
                 before := @extschema@.idem_sql_lock_until(deadline);
@@ -543,7 +587,7 @@ BEGIN
             IF deadline IS NULL THEN
                 RAISE;
             END IF;
-            RETURN unseen;
+            RETURN ROW('in_progress', false, NULL, NULL, NULL, NULL, NULL, NULL, 1, NULL, NULL)::@extschema@.idem_claim_result;  -- nothing seen
         END;
         IF done THEN
             RETURN ROW('claimed', expired, r.attempt, r.state, NULL, NULL, NULL, r.expires_at,

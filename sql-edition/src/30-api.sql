@@ -17,9 +17,13 @@ DECLARE
     deadline timestamptz;
     given    bytea := fingerprint;
     canonical text;
+    now_     timestamptz;
+    checked  timestamptz;  -- an interval argument's end, computed to check it (§4)
 BEGIN
     -- The usual arguments pass in simple expressions; anything else goes to the checks that
-    -- name what is wrong (a function call each: they cost a claim more than its index probe).
+    -- name what is wrong. Each expression's first use in a transaction costs a claim a good part
+    -- of a look at the key (its functions are looked up and their EXECUTE privilege checked),
+    -- so they are few and small.
     IF key IS NULL OR key OPERATOR(pg_catalog.~) '[^ -~]' OR pg_catalog.octet_length(key) OPERATOR(pg_catalog.<) 1
        OR pg_catalog.octet_length(key) OPERATOR(pg_catalog.>) 255
        OR pg_catalog.current_setting('idempotency.max_key_length', true) OPERATOR(pg_catalog.<>) '' THEN
@@ -28,11 +32,14 @@ BEGIN
     IF scope IS NULL OR pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 255 THEN
         PERFORM @extschema@.idem_sql_check_scope(scope);
     END IF;
-    IF ttl IS NOT NULL THEN
-        PERFORM @extschema@.idem_sql_duration_end(pg_catalog.clock_timestamp(), ttl, 'ttl');
-    END IF;
-    IF lease IS NOT NULL THEN
-        PERFORM @extschema@.idem_sql_duration_end(pg_catalog.clock_timestamp(), lease, 'lease');
+    IF ttl IS NOT NULL OR lease IS NOT NULL THEN
+        now_ := pg_catalog.clock_timestamp();
+        IF ttl IS NOT NULL THEN
+            checked := @extschema@.idem_sql_end(now_, ttl, 'ttl');
+        END IF;
+        IF lease IS NOT NULL THEN
+            checked := @extschema@.idem_sql_end(now_, lease, 'lease');
+        END IF;
     END IF;
     IF wait IS NOT NULL THEN
         deadline := @extschema@.idem_sql_deadline(wait);
@@ -49,13 +56,11 @@ BEGIN
     IF given IS NULL AND request IS NOT NULL THEN
         -- idem_sql_fingerprint's fast case, inline
         canonical := request::text;
-        IF canonical OPERATOR(pg_catalog.~) '\.[0-9]*0([^0-9]|$)' THEN
-            given := @extschema@.idem_sql_fingerprint(scope, request, true);
-        ELSE
-            given := pg_catalog.sha256(pg_catalog.convert_to(scope, pg_catalog.getdatabaseencoding())
-                         OPERATOR(pg_catalog.||) '\x00'::bytea
-                         OPERATOR(pg_catalog.||) pg_catalog.convert_to(canonical, pg_catalog.getdatabaseencoding()));
-        END IF;
+        given := CASE WHEN canonical OPERATOR(pg_catalog.~) '\.[0-9]*0([^0-9]|$)'
+                      THEN @extschema@.idem_sql_fingerprint(scope, request, true)
+                      ELSE pg_catalog.sha256(pg_catalog.convert_to(scope, pg_catalog.getdatabaseencoding())
+                               OPERATOR(pg_catalog.||) '\x00'::bytea
+                               OPERATOR(pg_catalog.||) pg_catalog.convert_to(canonical, pg_catalog.getdatabaseencoding())) END;
     ELSE
         request := NULL;  -- a given fingerprint is compared as given (§3)
     END IF;
