@@ -125,44 +125,19 @@ BEGIN
 END
 $fn$;
 
--- The same, in SQL so that the planner inlines it into the caller's expression (no call for a
--- valid interval; idem_sql_duration_end only to raise). from_ must be a variable, not a call.
-CREATE FUNCTION @extschema@.idem_sql_end(from_ timestamptz, duration interval, arg text)
-RETURNS timestamptz
-LANGUAGE sql VOLATILE
+-- Whether from_ + duration is a valid end (the checks above, without raising), in SQL so that
+-- the planner inlines it into the caller's expression: the common case then calls no function
+-- of ours (each such call costs a claim as much as several checks), and the caller raises
+-- through idem_sql_duration_end only when it is false.
+CREATE FUNCTION @extschema@.idem_sql_end_ok(from_ timestamptz, duration interval)
+RETURNS boolean
+LANGUAGE sql STABLE
 AS $fn$
-SELECT CASE WHEN duration OPERATOR(pg_catalog.>) '0'::interval
-                 AND duration OPERATOR(pg_catalog.<=) '100 years'::interval
-                 AND (from_ OPERATOR(pg_catalog.+) duration) OPERATOR(pg_catalog.>) from_
-                 AND (from_ OPERATOR(pg_catalog.+) duration)
-                     OPERATOR(pg_catalog.<=) (from_ OPERATOR(pg_catalog.+) '100 years'::interval)
-            THEN from_ OPERATOR(pg_catalog.+) duration
-            ELSE @extschema@.idem_sql_duration_end(from_, duration, arg) END
-$fn$;
-
--- A claim's lease end and expiry from `from_`: the argument, else idempotency.default_lease
--- (60 s) and idempotency.default_ttl (1 day). Inlined like idem_sql_end.
-CREATE FUNCTION @extschema@.idem_sql_lease_end(from_ timestamptz, lease interval)
-RETURNS timestamptz
-LANGUAGE sql VOLATILE
-AS $fn$
-SELECT CASE WHEN lease IS NOT NULL THEN @extschema@.idem_sql_end(from_, lease, 'lease')
-            WHEN coalesce(pg_catalog.current_setting('idempotency.default_lease', true), '') OPERATOR(pg_catalog.=) ''
-            THEN from_ OPERATOR(pg_catalog.+) '60 seconds'::interval
-            ELSE from_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
-                 @extschema@.idem_sql_setting('idempotency.default_lease', 60000, 1, 2147483647, 'ms')
-                 OPERATOR(pg_catalog./) 1000.0) END
-$fn$;
-
-CREATE FUNCTION @extschema@.idem_sql_ttl_end(from_ timestamptz, ttl interval)
-RETURNS timestamptz
-LANGUAGE sql VOLATILE
-AS $fn$
-SELECT CASE WHEN ttl IS NOT NULL THEN @extschema@.idem_sql_end(from_, ttl, 'ttl')
-            WHEN coalesce(pg_catalog.current_setting('idempotency.default_ttl', true), '') OPERATOR(pg_catalog.=) ''
-            THEN from_ OPERATOR(pg_catalog.+) '86400 seconds'::interval
-            ELSE from_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
-                 @extschema@.idem_sql_setting('idempotency.default_ttl', 86400, 1, 2147483647, 's')) END
+SELECT duration OPERATOR(pg_catalog.>) '0'::interval
+       AND duration OPERATOR(pg_catalog.<=) '100 years'::interval
+       AND (from_ OPERATOR(pg_catalog.+) duration) OPERATOR(pg_catalog.>) from_
+       AND (from_ OPERATOR(pg_catalog.+) duration)
+           OPERATOR(pg_catalog.<=) (from_ OPERATOR(pg_catalog.+) '100 years'::interval)
 $fn$;
 
 -- docs/contract.md §9.3: from 0 to 1 hour, on the calendar like the other intervals. Returns the
@@ -377,6 +352,9 @@ DECLARE
     before   text;
     done     boolean;
     seconds  numeric;
+    exists_  boolean := false;
+    expires  timestamptz;
+    until_   timestamptz;
     look     boolean := coalesce(pg_catalog.current_setting('idem_sql.insert_first', true), '') OPERATOR(pg_catalog.<>) 'on'
                         OR deadline IS NOT NULL
                         OR pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed';
@@ -386,18 +364,161 @@ BEGIN
             SELECT k AS row_, k.xmin AS xmin_, k.xmax AS xmax_ INTO seen
               FROM @extschema@.idem_keys AS k
              WHERE k.scope OPERATOR(pg_catalog.=) scope_ AND k.key OPERATOR(pg_catalog.=) key_;
+            exists_ := FOUND;
+        END IF;
+        now_ := pg_catalog.clock_timestamp();
+
+        IF exists_ THEN
+            r := seen.row_;
+            row_xmin := seen.xmin_;
+            row_xmax := seen.xmax_;
+            own := pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL
+                   AND coalesce(@extschema@.idem_sql_xact_status(row_xmin) OPERATOR(pg_catalog.=) 'in progress', false);
+            IF NOT own AND NOT probed AND NOT row_xmax OPERATOR(pg_catalog.=) '0'::xid THEN
+                -- Someone may be writing this version (§2 step 2), or, at REPEATABLE READ, may have
+                -- replaced it after the snapshot: a share lock waits for the writer, or raises 40001.
+                status := @extschema@.idem_sql_xact_status(row_xmax);
+                IF status IS NULL OR status OPERATOR(pg_catalog.=) 'in progress'
+                   OR (status OPERATOR(pg_catalog.=) 'committed'
+                       AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed') THEN
+                    BEGIN
+                        IF deadline IS NOT NULL AND deadline OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp() THEN
+                            -- `wait` is over (or 0): never block
+                            PERFORM FROM @extschema@.idem_keys AS k
+                              WHERE k.scope OPERATOR(pg_catalog.=) scope_ AND k.key OPERATOR(pg_catalog.=) key_
+                                FOR SHARE NOWAIT;
+                        ELSE
+                            IF deadline IS NOT NULL THEN
+                                PERFORM @extschema@.idem_sql_lock_until(deadline);
+                            END IF;
+                            PERFORM FROM @extschema@.idem_keys AS k
+                              WHERE k.scope OPERATOR(pg_catalog.=) scope_ AND k.key OPERATOR(pg_catalog.=) key_
+                                FOR SHARE;
+                        END IF;
+                        -- undo the lock (and the setting): the look is all that was wanted
+                        RAISE SQLSTATE 'IKW00';
+                    EXCEPTION
+                        WHEN SQLSTATE 'IKW00' THEN
+                            NULL;
+                        WHEN lock_not_available THEN
+                            IF deadline IS NULL THEN
+                                RAISE;
+                            END IF;
+                            RETURN ROW('in_progress', false, NULL, NULL, NULL, NULL, NULL, NULL, 1, NULL, NULL)::@extschema@.idem_claim_result;  -- nothing seen
+                    END;
+                    probed := true;
+                    CONTINUE;
+                END IF;
+            END IF;
+
+            -- §9.1: an expired key is a new key (a different request is no mismatch); this
+            -- transaction's own row is its own, whatever the clock says.
+            expired := NOT own AND r.expires_at OPERATOR(pg_catalog.<=) now_
+                       AND NOT (r.state OPERATOR(pg_catalog.=) 'pending'::@extschema@.idem_state
+                                AND r.locked_until OPERATOR(pg_catalog.>) now_);
+            IF NOT expired THEN
+                -- §2 step 3, §9.6
+                IF (CASE WHEN r.fingerprint IS NULL THEN fingerprint_ IS NOT NULL
+                        WHEN fingerprint_ IS NULL THEN true
+                        ELSE NOT r.fingerprint OPERATOR(pg_catalog.=) fingerprint_
+                             AND (request_ IS NULL
+                                  OR NOT r.fingerprint OPERATOR(pg_catalog.=)
+                                         @extschema@.idem_sql_fingerprint(scope_, request_, false)) END) THEN
+                    IF in_batch THEN
+                        RAISE EXCEPTION 'idempotency key "%" was already used with a different request', key_
+                            USING ERRCODE = 'IK001', HINT = 'Use a new idempotency key for a different request.',
+                                  COLUMN = key_;
+                    END IF;
+                    RAISE EXCEPTION 'idempotency key "%" was already used with a different request', key_
+                        USING ERRCODE = 'IK001', HINT = 'Use a new idempotency key for a different request.';
+                END IF;
+                -- step 4: a re-entrant claim answers what this transaction wrote
+                IF own THEN
+                    RETURN ROW(CASE WHEN r.state OPERATOR(pg_catalog.=) 'pending'::@extschema@.idem_state
+                                    THEN 'claimed' ELSE 'replay' END,
+                               false, r.attempt, r.state, r.response, r.response_code, NULL, r.expires_at,
+                               NULL, r.response_body, r.response_headers)::@extschema@.idem_claim_result;
+                END IF;
+                -- step 5
+                IF r.state OPERATOR(pg_catalog.=) 'succeeded'::@extschema@.idem_state
+                   OR (r.state OPERATOR(pg_catalog.=) 'failed'::@extschema@.idem_state
+                       AND NOT coalesce(r.retryable, false)) THEN
+                    RETURN ROW('replay', false, r.attempt, r.state, r.response, r.response_code, NULL,
+                               r.expires_at, NULL, r.response_body, r.response_headers)::@extschema@.idem_claim_result;
+                END IF;
+                -- step 6: a live lease. With `wait` and no shared memory to be woken through, only a
+                -- lease that ends before the deadline is waited for (§9.3), then the key looked at again.
+                IF r.state OPERATOR(pg_catalog.=) 'pending'::@extschema@.idem_state
+                   AND r.locked_until OPERATOR(pg_catalog.>) now_ THEN
+                    IF deadline IS NOT NULL AND now_ OPERATOR(pg_catalog.<) deadline
+                       AND r.locked_until OPERATOR(pg_catalog.<=) deadline THEN
+                        PERFORM pg_catalog.pg_sleep(greatest(0.001,
+                            pg_catalog.ceil(EXTRACT(epoch FROM r.locked_until OPERATOR(pg_catalog.-) now_)
+                                            OPERATOR(pg_catalog.*) 1000) OPERATOR(pg_catalog./) 1000));
+                        probed := false;
+                        CONTINUE;
+                    END IF;
+                    seconds := pg_catalog.ceil(EXTRACT(epoch FROM r.locked_until OPERATOR(pg_catalog.-) now_));
+                    RETURN ROW('in_progress', false, r.attempt, r.state, r.response, r.response_code,
+                               r.locked_until OPERATOR(pg_catalog.-) now_, r.expires_at,
+                               least(greatest(seconds, 1), 2147483647)::integer,
+                               r.response_body, r.response_headers)::@extschema@.idem_claim_result;
+                END IF;
+                -- step 7: takeover of an ended lease or a retryable failure
+                IF r.attempt OPERATOR(pg_catalog.=) 2147483647 THEN
+                    IF in_batch THEN
+                        RAISE EXCEPTION 'idempotency key "%" has been taken over too many times', key_
+                            USING ERRCODE = 'numeric_value_out_of_range', COLUMN = key_;
+                    END IF;
+                    RAISE EXCEPTION 'idempotency key "%" has been taken over too many times', key_
+                        USING ERRCODE = 'numeric_value_out_of_range';
+                END IF;
+            ELSE
+                -- §9.1: claimed anew in place, as a new key
+                r.fingerprint := fingerprint_;
+                r.created_at := now_;
+            END IF;
         END IF;
 
-        IF NOT look OR NOT FOUND THEN
+        -- The write's ends at now_ (§9): an argument's, checked as idem_sql_duration_end checks
+        -- it (which raises), else the setting's default. Statements, not one expression, so that
+        -- a claim compiles no call of the rare paths.
+        IF ttl_ IS NULL THEN
+            IF coalesce(pg_catalog.current_setting('idempotency.default_ttl', true), '') OPERATOR(pg_catalog.=) '' THEN
+                expires := now_ OPERATOR(pg_catalog.+) '86400 seconds'::interval;
+            ELSE
+                expires := now_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
+                               @extschema@.idem_sql_setting('idempotency.default_ttl', 86400, 1, 2147483647, 's'));
+            END IF;
+        ELSIF @extschema@.idem_sql_end_ok(now_, ttl_) THEN
+            expires := now_ OPERATOR(pg_catalog.+) ttl_;
+        ELSE
+            expires := @extschema@.idem_sql_duration_end(now_, ttl_, 'ttl');
+        END IF;
+        IF applied_ THEN
+            until_ := NULL;
+        ELSIF lease_ IS NULL THEN
+            IF coalesce(pg_catalog.current_setting('idempotency.default_lease', true), '') OPERATOR(pg_catalog.=) '' THEN
+                until_ := now_ OPERATOR(pg_catalog.+) '60 seconds'::interval;
+            ELSE
+                until_ := now_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
+                              @extschema@.idem_sql_setting('idempotency.default_lease', 60000, 1, 2147483647, 'ms')
+                              OPERATOR(pg_catalog./) 1000.0);
+            END IF;
+        ELSIF @extschema@.idem_sql_end_ok(now_, lease_) THEN
+            until_ := now_ OPERATOR(pg_catalog.+) lease_;
+        ELSE
+            until_ := @extschema@.idem_sql_duration_end(now_, lease_, 'lease');
+        END IF;
+
+        IF NOT exists_ THEN
             -- §2 step 1: a new key. A concurrent insert of it is waited for by the insert itself.
-            now_ := pg_catalog.clock_timestamp();
             IF deadline IS NULL THEN
                 INSERT INTO @extschema@.idem_keys AS k
                        (scope, key, state, attempt, fingerprint, created_at, expires_at, locked_until,
                         completed_at, claimed_at)
                 VALUES (scope_, key_, CASE WHEN applied_ THEN 'succeeded'::@extschema@.idem_state ELSE 'pending'::@extschema@.idem_state END,
-                        1, fingerprint_, now_, @extschema@.idem_sql_ttl_end(now_, ttl_),
-                        CASE WHEN NOT applied_ THEN @extschema@.idem_sql_lease_end(now_, lease_) END,
+                        1, fingerprint_, now_, expires, until_,
                         CASE WHEN applied_ THEN now_ END, now_)
                 ON CONFLICT DO NOTHING
                 RETURNING k.attempt, k.state, k.expires_at INTO r.attempt, r.state, r.expires_at;
@@ -409,8 +530,7 @@ BEGIN
                            (scope, key, state, attempt, fingerprint, created_at, expires_at, locked_until,
                             completed_at, claimed_at)
                     VALUES (scope_, key_, CASE WHEN applied_ THEN 'succeeded'::@extschema@.idem_state ELSE 'pending'::@extschema@.idem_state END,
-                            1, fingerprint_, now_, @extschema@.idem_sql_ttl_end(now_, ttl_),
-                            CASE WHEN NOT applied_ THEN @extschema@.idem_sql_lease_end(now_, lease_) END,
+                            1, fingerprint_, now_, expires, until_,
                             CASE WHEN applied_ THEN now_ END, now_)
                     ON CONFLICT DO NOTHING
                     RETURNING k.attempt, k.state, k.expires_at INTO r.attempt, r.state, r.expires_at;
@@ -441,160 +561,49 @@ BEGIN
                 look := true;
             END IF;
             CONTINUE;
-        END IF;
-
-        r := seen.row_;
-        row_xmin := seen.xmin_;
-        row_xmax := seen.xmax_;
-        own := pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL
-               AND coalesce(@extschema@.idem_sql_xact_status(row_xmin) OPERATOR(pg_catalog.=) 'in progress', false);
-        IF NOT own AND NOT probed AND NOT row_xmax OPERATOR(pg_catalog.=) '0'::xid THEN
-            -- Someone may be writing this version (§2 step 2), or, at REPEATABLE READ, may have
-            -- replaced it after the snapshot: a share lock waits for the writer, or raises 40001.
-            status := @extschema@.idem_sql_xact_status(row_xmax);
-            IF status IS NULL OR status OPERATOR(pg_catalog.=) 'in progress'
-               OR (status OPERATOR(pg_catalog.=) 'committed'
-                   AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed') THEN
-                BEGIN
-                    IF deadline IS NOT NULL AND deadline OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp() THEN
-                        -- `wait` is over (or 0): never block
-                        PERFORM FROM @extschema@.idem_keys AS k
-                          WHERE k.scope OPERATOR(pg_catalog.=) scope_ AND k.key OPERATOR(pg_catalog.=) key_
-                            FOR SHARE NOWAIT;
-                    ELSE
-                        IF deadline IS NOT NULL THEN
-                            PERFORM @extschema@.idem_sql_lock_until(deadline);
-                        END IF;
-                        PERFORM FROM @extschema@.idem_keys AS k
-                          WHERE k.scope OPERATOR(pg_catalog.=) scope_ AND k.key OPERATOR(pg_catalog.=) key_
-                            FOR SHARE;
-                    END IF;
-                    -- undo the lock (and the setting): the look is all that was wanted
-                    RAISE SQLSTATE 'IKW00';
-                EXCEPTION
-                    WHEN SQLSTATE 'IKW00' THEN
-                        NULL;
-                    WHEN lock_not_available THEN
-                        IF deadline IS NULL THEN
-                            RAISE;
-                        END IF;
-                        RETURN ROW('in_progress', false, NULL, NULL, NULL, NULL, NULL, NULL, 1, NULL, NULL)::@extschema@.idem_claim_result;  -- nothing seen
-                END;
-                probed := true;
-                CONTINUE;
-            END IF;
-        END IF;
-
-        now_ := pg_catalog.clock_timestamp();
-        -- §9.1: an expired key is a new key (a different request is no mismatch); this
-        -- transaction's own row is its own, whatever the clock says.
-        expired := NOT own AND r.expires_at OPERATOR(pg_catalog.<=) now_
-                   AND NOT (r.state OPERATOR(pg_catalog.=) 'pending'::@extschema@.idem_state
-                            AND r.locked_until OPERATOR(pg_catalog.>) now_);
-        IF NOT expired THEN
-            -- §2 step 3, §9.6
-            IF (CASE WHEN r.fingerprint IS NULL THEN fingerprint_ IS NOT NULL
-                    WHEN fingerprint_ IS NULL THEN true
-                    ELSE NOT r.fingerprint OPERATOR(pg_catalog.=) fingerprint_
-                         AND (request_ IS NULL
-                              OR NOT r.fingerprint OPERATOR(pg_catalog.=)
-                                     @extschema@.idem_sql_fingerprint(scope_, request_, false)) END) THEN
-                IF in_batch THEN
-                    RAISE EXCEPTION 'idempotency key "%" was already used with a different request', key_
-                        USING ERRCODE = 'IK001', HINT = 'Use a new idempotency key for a different request.',
-                              COLUMN = key_;
-                END IF;
-                RAISE EXCEPTION 'idempotency key "%" was already used with a different request', key_
-                    USING ERRCODE = 'IK001', HINT = 'Use a new idempotency key for a different request.';
-            END IF;
-            -- step 4: a re-entrant claim answers what this transaction wrote
-            IF own THEN
-                RETURN ROW(CASE WHEN r.state OPERATOR(pg_catalog.=) 'pending'::@extschema@.idem_state
-                                THEN 'claimed' ELSE 'replay' END,
-                           false, r.attempt, r.state, r.response, r.response_code, NULL, r.expires_at,
-                           NULL, r.response_body, r.response_headers)::@extschema@.idem_claim_result;
-            END IF;
-            -- step 5
-            IF r.state OPERATOR(pg_catalog.=) 'succeeded'::@extschema@.idem_state
-               OR (r.state OPERATOR(pg_catalog.=) 'failed'::@extschema@.idem_state
-                   AND NOT coalesce(r.retryable, false)) THEN
-                RETURN ROW('replay', false, r.attempt, r.state, r.response, r.response_code, NULL,
-                           r.expires_at, NULL, r.response_body, r.response_headers)::@extschema@.idem_claim_result;
-            END IF;
-            -- step 6: a live lease. With `wait` and no shared memory to be woken through, only a
-            -- lease that ends before the deadline is waited for (§9.3), then the key looked at again.
-            IF r.state OPERATOR(pg_catalog.=) 'pending'::@extschema@.idem_state
-               AND r.locked_until OPERATOR(pg_catalog.>) now_ THEN
-                IF deadline IS NOT NULL AND now_ OPERATOR(pg_catalog.<) deadline
-                   AND r.locked_until OPERATOR(pg_catalog.<=) deadline THEN
-                    PERFORM pg_catalog.pg_sleep(greatest(0.001,
-                        pg_catalog.ceil(EXTRACT(epoch FROM r.locked_until OPERATOR(pg_catalog.-) now_)
-                                        OPERATOR(pg_catalog.*) 1000) OPERATOR(pg_catalog./) 1000));
-                    probed := false;
-                    CONTINUE;
-                END IF;
-                seconds := pg_catalog.ceil(EXTRACT(epoch FROM r.locked_until OPERATOR(pg_catalog.-) now_));
-                RETURN ROW('in_progress', false, r.attempt, r.state, r.response, r.response_code,
-                           r.locked_until OPERATOR(pg_catalog.-) now_, r.expires_at,
-                           least(greatest(seconds, 1), 2147483647)::integer,
-                           r.response_body, r.response_headers)::@extschema@.idem_claim_result;
-            END IF;
-            -- step 7: takeover of an ended lease or a retryable failure
-            IF r.attempt OPERATOR(pg_catalog.=) 2147483647 THEN
-                IF in_batch THEN
-                    RAISE EXCEPTION 'idempotency key "%" has been taken over too many times', key_
-                        USING ERRCODE = 'numeric_value_out_of_range', COLUMN = key_;
-                END IF;
-                RAISE EXCEPTION 'idempotency key "%" has been taken over too many times', key_
-                    USING ERRCODE = 'numeric_value_out_of_range';
-            END IF;
-            r.attempt := r.attempt OPERATOR(pg_catalog.+) 1;
-            r.expires_at := greatest(r.expires_at, @extschema@.idem_sql_ttl_end(now_, ttl_));
         ELSE
-            -- §9.1: claimed anew in place, as a new key
-            r.attempt := 1;
-            r.fingerprint := fingerprint_;
-            r.created_at := now_;
-            r.expires_at := @extschema@.idem_sql_ttl_end(now_, ttl_);
+            -- step 7, or §9.1: the key taken over, or claimed anew in place
+            r.attempt := CASE WHEN expired THEN 1 ELSE r.attempt OPERATOR(pg_catalog.+) 1 END;
+            r.expires_at := CASE WHEN expired THEN expires ELSE greatest(r.expires_at, expires) END;
+            r.state := CASE WHEN applied_ THEN 'succeeded' ELSE 'pending' END;
+            r.response := NULL;
+            r.response_code := NULL;
+            r.response_body := NULL;
+            r.response_headers := NULL;
+            r.retryable := NULL;
+            r.claimed_at := now_;
+            r.completed_at := CASE WHEN applied_ THEN now_ END;
+            r.locked_until := until_;
+            BEGIN
+                IF deadline IS NOT NULL THEN
+                    before := @extschema@.idem_sql_lock_until(deadline);
+                END IF;
+                UPDATE @extschema@.idem_keys AS k
+                   SET state = r.state, attempt = r.attempt, fingerprint = r.fingerprint,
+                       response = NULL, response_code = NULL, retryable = NULL,
+                       created_at = r.created_at, locked_until = r.locked_until,
+                       completed_at = r.completed_at, expires_at = r.expires_at,
+                       response_body = NULL, response_headers = NULL, claimed_at = r.claimed_at
+                 WHERE k.scope OPERATOR(pg_catalog.=) scope_ AND k.key OPERATOR(pg_catalog.=) key_
+                   AND k.xmin OPERATOR(pg_catalog.=) row_xmin
+                RETURNING k.* INTO r;
+                done := FOUND;
+                IF deadline IS NOT NULL THEN
+                    PERFORM pg_catalog.set_config('lock_timeout', before, true);
+                END IF;
+            EXCEPTION WHEN lock_not_available THEN
+                IF deadline IS NULL THEN
+                    RAISE;
+                END IF;
+                RETURN ROW('in_progress', false, NULL, NULL, NULL, NULL, NULL, NULL, 1, NULL, NULL)::@extschema@.idem_claim_result;  -- nothing seen
+            END;
+            IF done THEN
+                RETURN ROW('claimed', expired, r.attempt, r.state, NULL, NULL, NULL, r.expires_at,
+                           NULL, NULL, NULL)::@extschema@.idem_claim_result;
+            END IF;
+            -- changed since it was read: decide again on the new version
+            probed := false;
         END IF;
-        r.state := CASE WHEN applied_ THEN 'succeeded' ELSE 'pending' END;
-        r.response := NULL;
-        r.response_code := NULL;
-        r.response_body := NULL;
-        r.response_headers := NULL;
-        r.retryable := NULL;
-        r.claimed_at := now_;
-        r.completed_at := CASE WHEN applied_ THEN now_ END;
-        r.locked_until := CASE WHEN NOT applied_ THEN @extschema@.idem_sql_lease_end(now_, lease_) END;
-        BEGIN
-            IF deadline IS NOT NULL THEN
-                before := @extschema@.idem_sql_lock_until(deadline);
-            END IF;
-            UPDATE @extschema@.idem_keys AS k
-               SET state = r.state, attempt = r.attempt, fingerprint = r.fingerprint,
-                   response = NULL, response_code = NULL, retryable = NULL,
-                   created_at = r.created_at, locked_until = r.locked_until,
-                   completed_at = r.completed_at, expires_at = r.expires_at,
-                   response_body = NULL, response_headers = NULL, claimed_at = r.claimed_at
-             WHERE k.scope OPERATOR(pg_catalog.=) scope_ AND k.key OPERATOR(pg_catalog.=) key_
-               AND k.xmin OPERATOR(pg_catalog.=) row_xmin
-            RETURNING k.* INTO r;
-            done := FOUND;
-            IF deadline IS NOT NULL THEN
-                PERFORM pg_catalog.set_config('lock_timeout', before, true);
-            END IF;
-        EXCEPTION WHEN lock_not_available THEN
-            IF deadline IS NULL THEN
-                RAISE;
-            END IF;
-            RETURN ROW('in_progress', false, NULL, NULL, NULL, NULL, NULL, NULL, 1, NULL, NULL)::@extschema@.idem_claim_result;  -- nothing seen
-        END;
-        IF done THEN
-            RETURN ROW('claimed', expired, r.attempt, r.state, NULL, NULL, NULL, r.expires_at,
-                       NULL, NULL, NULL)::@extschema@.idem_claim_result;
-        END IF;
-        -- changed since it was read: decide again on the new version
-        probed := false;
     END LOOP;
 END
 $fn$;

@@ -18,7 +18,6 @@ DECLARE
     given    bytea := fingerprint;
     canonical text;
     now_     timestamptz;
-    checked  timestamptz;  -- an interval argument's end, computed to check it (§4)
 BEGIN
     -- The usual arguments pass in simple expressions; anything else goes to the checks that
     -- name what is wrong. Each expression's first use in a transaction costs a claim a good part
@@ -34,11 +33,11 @@ BEGIN
     END IF;
     IF ttl IS NOT NULL OR lease IS NOT NULL THEN
         now_ := pg_catalog.clock_timestamp();
-        IF ttl IS NOT NULL THEN
-            checked := @extschema@.idem_sql_end(now_, ttl, 'ttl');
+        IF ttl IS NOT NULL AND NOT @extschema@.idem_sql_end_ok(now_, ttl) THEN
+            PERFORM @extschema@.idem_sql_duration_end(now_, ttl, 'ttl');
         END IF;
-        IF lease IS NOT NULL THEN
-            checked := @extschema@.idem_sql_end(now_, lease, 'lease');
+        IF lease IS NOT NULL AND NOT @extschema@.idem_sql_end_ok(now_, lease) THEN
+            PERFORM @extschema@.idem_sql_duration_end(now_, lease, 'lease');
         END IF;
     END IF;
     IF wait IS NOT NULL THEN
