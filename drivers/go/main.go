@@ -1,7 +1,8 @@
-// The SQL API from Go with pgx v4 (Debian's golang-github-jackc-pgx-v4-dev): binding jsonb, bytea
-// and arrays, reading results and enums, catching SQLSTATEs and a batch error's failing key.
-// It connects with the libpq environment variables (PGHOST, PGPORT, PGUSER, PGDATABASE), prints
-// one line per check and exits 1 if any failed.
+// The SQL API from Go with pgx, v4 or v5: binding jsonb, bytea and arrays, reading results and
+// enums, catching SQLSTATEs and a batch error's failing key. Every call here is written the same
+// way in both versions; pgx4.go (the default) and pgx5.go (-tags pgx5) import the one to build
+// with. It connects with the libpq environment variables (PGHOST, PGPORT, PGUSER, PGDATABASE),
+// prints one line per check and exits 1 if any failed.
 package main
 
 import (
@@ -10,9 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-
-	"github.com/jackc/pgconn"
-	"github.com/jackc/pgx/v4"
 )
 
 var failures int
@@ -28,7 +26,7 @@ func check(ok bool, what string, got ...any) {
 
 // sqlstate is the SQLSTATE of a server error, "" for anything else.
 func sqlstate(err error) string {
-	var pgErr *pgconn.PgError
+	var pgErr *pgError
 	if errors.As(err, &pgErr) {
 		return pgErr.Code
 	}
@@ -37,7 +35,7 @@ func sqlstate(err error) string {
 
 func main() {
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, "")
+	conn, err := connect(ctx, "")
 	if err != nil {
 		fmt.Println("FAILED: connect:", err)
 		os.Exit(1)
@@ -119,7 +117,7 @@ func main() {
 	// A batch error names the failing key in the column-name field.
 	_, err = conn.Exec(ctx, `SELECT * FROM idem_claim_batch($1, requests => $2)`,
 		[]string{"b-3", batchKey}, []string{`{"n": 3}`, `{"n": 4}`})
-	var pgErr *pgconn.PgError
+	var pgErr *pgError
 	check(errors.As(err, &pgErr) && pgErr.Code == "IK001" && pgErr.ColumnName == batchKey,
 		"batch with a reused key: IK001, ColumnName is the failing key", err)
 
