@@ -319,9 +319,19 @@ export class IdempotencyStore {
     if (!this.installed) {
       this.installed = this.pool
         .query(
+          // The SQL edition installed as plain SQL (docs/editions.md) is no extension: its schema
+          // is the one of its version table idem_sql_version that search_path finds (as the
+          // application's own unqualified names are), its version that table's row.
           `SELECT e.extversion, quote_ident(n.nspname) AS schema
-             FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
-            WHERE e.extname = 'idempotency'`,
+             FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
+            WHERE e.extname = 'idempotency'
+           UNION ALL
+           SELECT (pg_catalog.xpath('/row/version/text()', pg_catalog.query_to_xml(
+                     pg_catalog.format('SELECT version FROM %I.idem_sql_version', n.nspname), false, true, '')))[1]::text,
+                  quote_ident(n.nspname)
+             FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+            WHERE c.oid = pg_catalog.to_regclass('idem_sql_version')
+              AND NOT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'idempotency')`,
         )
         .then((result) => {
           const row = result.rows[0];

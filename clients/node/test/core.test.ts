@@ -19,7 +19,7 @@ import {
   runWithLease,
   translateError,
 } from '../src';
-import { createTestDatabase, eventually, extensionVersion, isV12, leaseEnded, leaseOutlived, uniqueKey, type TestDatabase } from './helpers';
+import { createTestDatabase, edition, eventually, extensionVersion, isV12, leaseEnded, leaseOutlived, sqlEditionDifference, uniqueKey, type TestDatabase } from './helpers';
 
 let db: TestDatabase;
 before(async () => {
@@ -33,6 +33,15 @@ describe('store', () => {
   test('reads the installed version and the extension schema', async () => {
     assert.equal(await db.store.version(), extensionVersion);
     assert.equal(await db.store.supportsV12(), isV12);
+  });
+
+  test('the edition under test answers (IDEMPOTENCY_EDITION)', async () => {
+    const { rows } = await db.pool.query(`SELECT to_regproc('idem_edition') IS NOT NULL AS has`);
+    if (edition === 'c' && extensionVersion === '1.1') {
+      assert.equal(rows[0].has, false, 'idem_edition() is new in 1.6');
+    } else {
+      assert.equal((await db.pool.query('SELECT idem_edition() AS e')).rows[0].e, edition);
+    }
   });
 
   test('claim, complete, replay: typed columns read as a row', async () => {
@@ -84,7 +93,7 @@ describe('typed errors', () => {
     assert.equal(down.httpStatus, 503);
   });
 
-  test('IK006 (1.5): tenant policies recorded but not in force → RowSecurityNotInForceError (503)', { skip: Number(extensionVersion) < 1.5 ? 'needs extension 1.5' : false }, async () => {
+  test('IK006 (1.5): tenant policies recorded but not in force → RowSecurityNotInForceError (503)', { skip: Number(extensionVersion) < 1.5 ? 'needs extension 1.5' : sqlEditionDifference('no row-security record (idem_row_security, IK006)') }, async () => {
     const role = `node_tenant_${process.pid}`;
     const schema = (await db.pool.query(`SELECT extnamespace::regnamespace::text AS s FROM pg_extension WHERE extname = 'idempotency'`)).rows[0].s;
     await db.pool.query(`CREATE ROLE ${role}; GRANT USAGE ON SCHEMA ${schema} TO ${role}; GRANT SELECT, INSERT, UPDATE ON ${schema}.idem_keys TO ${role}`);

@@ -1,9 +1,38 @@
+import { execFileSync } from 'node:child_process';
 import { Client, Pool } from 'pg';
 import { IdempotencyStore } from '../src';
 
 /** The extension version the suite runs against (run-tests runs it once per installed version). */
 export const extensionVersion = process.env.IDEM_EXTENSION_VERSION ?? '1.1';
 export const isV12 = extensionVersion !== '1.1';
+
+/**
+ * The edition the suite runs against (docs/editions.md): 'c', the extension, or 'sql', the SQL
+ * edition installed by its plain route (`psql -f` of IDEMPOTENCY_SQL_EDITION_FILE, schema public).
+ */
+export const edition = process.env.IDEMPOTENCY_EDITION ?? 'c';
+if (edition !== 'c' && edition !== 'sql') throw new Error(`IDEMPOTENCY_EDITION is c or sql, not ${edition}`);
+
+/**
+ * Why a test does not run against the SQL edition (one of the differences docs/editions.md
+ * lists), or false: the test's `skip` option, so that node's runner counts and prints it.
+ */
+export function sqlEditionDifference(reason: string): string | false {
+  return edition === 'sql' ? `SQL edition (docs/editions.md): ${reason}` : false;
+}
+
+/** Installs the edition under test into the database `name`, at `version` (the C edition). */
+async function installEdition(pool: Pool, name: string, version: string): Promise<void> {
+  if (edition === 'c') {
+    await pool.query(`CREATE EXTENSION idempotency VERSION '${version}'`);
+    return;
+  }
+  const file = process.env.IDEMPOTENCY_SQL_EDITION_FILE;
+  if (!file) throw new Error('IDEMPOTENCY_SQL_EDITION_FILE (sql-edition/build\'s plain/idempotency-*.sql) is not set');
+  execFileSync(process.env.PSQL ?? 'psql', ['-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d', name, '-f', file], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
+}
 
 export interface TestDatabase {
   name: string;
@@ -24,7 +53,7 @@ export async function createTestDatabase(label: string, version = extensionVersi
     await admin.end();
   }
   const pool = new Pool({ database: name, max: 20 });
-  await pool.query(`CREATE EXTENSION idempotency VERSION '${version}'`);
+  await installEdition(pool, name, version);
   await pool.query(`
     CREATE TABLE orders (id bigserial PRIMARY KEY, idem_key text NOT NULL, item text);
     CREATE TABLE provider_charges (idem_key text PRIMARY KEY, attempt integer NOT NULL, charged_at timestamptz DEFAULT clock_timestamp());

@@ -46,6 +46,38 @@ def lease_outlived(conn: Conn, key: str, claimed_until: datetime) -> bool:
     return row == (True,)
 
 
+def test_the_edition_under_test_answers(idem: Idempotency, conn: Conn, ext_version: str,
+                                        edition: str) -> None:
+    """IDEMPOTENCY_EDITION names the edition that answers; the client reads its version."""
+    assert idem.extension(conn).version == ext_version
+    has_edition = conn.execute("SELECT to_regproc('idem_edition') IS NOT NULL").fetchone()
+    if edition == "c" and ext_version == "1.1":
+        assert has_edition == (False,)  # idem_edition() is new in 1.6
+    else:
+        assert conn.execute("SELECT idem_edition()").fetchone() == (edition,)
+
+
+def test_a_decoy_version_table_moves_no_call(pool: ConnectionPool, conn: Conn, dsn: str,
+                                             edition: str) -> None:
+    """A table named idem_sql_version that anyone made elsewhere does not redirect the client's
+    calls: the extension's schema wins over search_path, and the SQL edition's plain install is
+    the one search_path finds."""
+    decoy = "decoy_" + uuid.uuid4().hex[:12]
+    conn.execute(f"CREATE SCHEMA {decoy}")
+    conn.execute(f"CREATE TABLE {decoy}.idem_sql_version (version text NOT NULL)")
+    conn.execute(f"INSERT INTO {decoy}.idem_sql_version VALUES ('9.9')")
+    try:
+        # the decoy first on search_path when the extension is installed; behind public (where
+        # the plain install is) for the SQL edition
+        path = f"{decoy},public" if edition == "c" else f"public,{decoy}"
+        with psycopg.connect(dsn, autocommit=True, options=f"-c search_path={path}") as app:
+            found = Idempotency(pool).extension(app)
+        assert found.schema == "public"
+        assert found.version != "9.9"
+    finally:
+        conn.execute(f"DROP SCHEMA {decoy} CASCADE")
+
+
 def test_claim_complete_replay_typed(idem: Idempotency, conn: Conn, key: str) -> None:
     first = idem.claim(conn, key, request={"a": 1}, scope="s")
     assert (first.outcome, first.inserted, first.attempt, first.state) == (
@@ -489,6 +521,7 @@ def test_batch_errors_name_the_key(idem: Idempotency, conn: Conn) -> None:
 
 
 @pytest.mark.versions("1.5")
+@pytest.mark.sql_edition_difference("no row-security record (idem_row_security, IK006)")
 def test_row_security_not_in_force_is_typed(idem: Idempotency, conn: Conn, dsn: str,
                                             key: str) -> None:
     role = "py_tenant_" + uuid.uuid4().hex[:12]

@@ -18,12 +18,22 @@ from psycopg.types.json import Jsonb
 from . import errors
 from .results import ClaimResult, KeyRow, Outcome, Reply, State
 
-# with the default lease, which heartbeats extend by when a route sets no lease of its own
+# with the default lease, which heartbeats extend by when a route sets no lease of its own.
+# The SQL edition installed as plain SQL (docs/editions.md) is no extension: its schema is the
+# one of its version table idem_sql_version that search_path finds (as the application's own
+# unqualified names are), and its version is that table's row, read in the same statement.
 EXTENSION_QUERY = (
     "SELECT e.extversion, n.nspname,"
     " pg_catalog.current_setting('idempotency.default_lease', true)"
     " FROM pg_catalog.pg_extension e"
     " JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'idempotency'"
+    " UNION ALL"
+    " SELECT (pg_catalog.xpath('/row/version/text()', pg_catalog.query_to_xml(pg_catalog.format("
+    "'SELECT version FROM %I.idem_sql_version', n.nspname), false, true, '')))[1]::text,"
+    " n.nspname, pg_catalog.current_setting('idempotency.default_lease', true)"
+    " FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE c.oid = pg_catalog.to_regclass('idem_sql_version')"
+    " AND NOT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'idempotency')"
 )
 
 V1_2 = (1, 2)
