@@ -346,6 +346,7 @@ DECLARE
     now_     timestamptz;
     own      boolean;
     expired  boolean;
+    mismatch boolean;
     status   text;
     probed   boolean := false;
     hidden   integer := 0;
@@ -372,8 +373,12 @@ BEGIN
             r := seen.row_;
             row_xmin := seen.xmin_;
             row_xmax := seen.xmax_;
-            own := pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL
-                   AND coalesce(@extschema@.idem_sql_xact_status(row_xmin) OPERATOR(pg_catalog.=) 'in progress', false);
+            -- (statements apart, here and below: a function of ours in an expression costs every
+            -- claim its look-up, taken or not)
+            own := false;
+            IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
+                own := coalesce(@extschema@.idem_sql_xact_status(row_xmin) OPERATOR(pg_catalog.=) 'in progress', false);
+            END IF;
             IF NOT own AND NOT probed AND NOT row_xmax OPERATOR(pg_catalog.=) '0'::xid THEN
                 -- Someone may be writing this version (§2 step 2), or, at REPEATABLE READ, may have
                 -- replaced it after the snapshot: a share lock waits for the writer, or raises 40001.
@@ -417,13 +422,14 @@ BEGIN
                        AND NOT (r.state OPERATOR(pg_catalog.=) 'pending'::@extschema@.idem_state
                                 AND r.locked_until OPERATOR(pg_catalog.>) now_);
             IF NOT expired THEN
-                -- §2 step 3, §9.6
-                IF (CASE WHEN r.fingerprint IS NULL THEN fingerprint_ IS NOT NULL
-                        WHEN fingerprint_ IS NULL THEN true
-                        ELSE NOT r.fingerprint OPERATOR(pg_catalog.=) fingerprint_
-                             AND (request_ IS NULL
-                                  OR NOT r.fingerprint OPERATOR(pg_catalog.=)
-                                         @extschema@.idem_sql_fingerprint(scope_, request_, false)) END) THEN
+                -- §2 step 3, §9.6 (a key stored by 1.1 has the fingerprint of the untrimmed text)
+                mismatch := CASE WHEN r.fingerprint IS NULL THEN fingerprint_ IS NOT NULL
+                                 WHEN fingerprint_ IS NULL THEN true
+                                 ELSE NOT r.fingerprint OPERATOR(pg_catalog.=) fingerprint_ END;
+                IF mismatch AND r.fingerprint IS NOT NULL AND fingerprint_ IS NOT NULL AND request_ IS NOT NULL THEN
+                    mismatch := NOT r.fingerprint OPERATOR(pg_catalog.=) @extschema@.idem_sql_fingerprint(scope_, request_, false);
+                END IF;
+                IF mismatch THEN
                     IF in_batch THEN
                         RAISE EXCEPTION 'idempotency key "%" was already used with a different request', key_
                             USING ERRCODE = 'IK001', HINT = 'Use a new idempotency key for a different request.',

@@ -53,13 +53,15 @@ BEGIN
         PERFORM @extschema@.idem_sql_may('idem_claim()', '{SELECT,INSERT,UPDATE}');
     END IF;
     IF given IS NULL AND request IS NOT NULL THEN
-        -- idem_sql_fingerprint's fast case, inline
+        -- idem_sql_fingerprint's fast case, inline (a statement apart calls it only when needed)
         canonical := request::text;
-        given := CASE WHEN canonical OPERATOR(pg_catalog.~) '\.[0-9]*0([^0-9]|$)'
-                      THEN @extschema@.idem_sql_fingerprint(scope, request, true)
-                      ELSE pg_catalog.sha256(pg_catalog.convert_to(scope, pg_catalog.getdatabaseencoding())
-                               OPERATOR(pg_catalog.||) '\x00'::bytea
-                               OPERATOR(pg_catalog.||) pg_catalog.convert_to(canonical, pg_catalog.getdatabaseencoding())) END;
+        IF canonical OPERATOR(pg_catalog.~) '\.[0-9]*0([^0-9]|$)' THEN
+            given := @extschema@.idem_sql_fingerprint(scope, request, true);
+        ELSE
+            given := pg_catalog.sha256(pg_catalog.convert_to(scope, pg_catalog.getdatabaseencoding())
+                         OPERATOR(pg_catalog.||) '\x00'::bytea
+                         OPERATOR(pg_catalog.||) pg_catalog.convert_to(canonical, pg_catalog.getdatabaseencoding()));
+        END IF;
     ELSE
         request := NULL;  -- a given fingerprint is compared as given (§3)
     END IF;
