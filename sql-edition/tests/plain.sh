@@ -18,6 +18,7 @@ denied=$(ls "$DENIED"/plain/idempotency-*.sql | head -n 1)
 V=$(basename "$file" .sql); V=${V#idempotency-}
 
 if ! setup=$(as postgres postgres -c "CREATE ROLE plain_owner LOGIN" -c "CREATE ROLE plain_intruder LOGIN" \
+      -c "CREATE ROLE plain_app LOGIN" \
       -c "CREATE DATABASE plain_db OWNER plain_owner" 2>&1); then
   not_ok "roles and database" "$setup"; summary; exit 1
 fi
@@ -40,6 +41,14 @@ replay|{\"id\": 1}|201" plain_owner plain_db \
    SELECT outcome, inserted FROM idem_claim('pay-1', request => '{\"a\": 1}');
    SELECT state, response_code FROM idem_complete('pay-1', '{\"id\": 1}', 201);
    SELECT outcome, response, response_code FROM idem_claim('pay-1', request => '{\"a\": 1}')"
+
+# the application, given the schema and the keys as managed.md says: it reads the version (the
+# client libraries look for the install there) and cannot change it
+runs "the owner grants the application the schema and the keys" plain_owner plain_db \
+  -c "GRANT USAGE ON SCHEMA idem TO plain_app" \
+  -c "GRANT SELECT, INSERT, UPDATE, DELETE ON idem.idem_keys TO plain_app"
+expect "the application reads the version table" "$V" plain_app plain_db "SELECT version FROM idem.idem_sql_version"
+refused "... and cannot change it" 42501 plain_app plain_db -c "UPDATE idem.idem_sql_version SET version = '0'"
 
 expect "the intruder has no CREATE on the database" f plain_intruder plain_db \
   "SELECT has_database_privilege('plain_db', 'CREATE')"
