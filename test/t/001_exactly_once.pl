@@ -103,6 +103,28 @@ sub counts
 	return %n;
 }
 
+# The checks both phases make of their keys (those starting with $prefix) against the business
+# table $table: every key succeeded with exactly one business row, written by the attempt that
+# completed it and answering with its response.
+sub key_checks
+{
+	my ($prefix, $table) = @_;
+	return (
+		keys => qq{SELECT count(*) FROM idem_keys WHERE key LIKE '$prefix%'},
+		pending => qq{SELECT count(*) FROM idem_keys WHERE key LIKE '$prefix%' AND state = 'pending'},
+		not_succeeded => qq{SELECT count(*) FROM idem_keys WHERE key LIKE '$prefix%' AND state <> 'succeeded'},
+		duplicates => qq{SELECT count(*) FROM (SELECT key FROM $table GROUP BY key HAVING count(*) > 1) d},
+		not_one_row => qq{SELECT count(*) FROM idem_keys k
+		                   WHERE k.key LIKE '$prefix%' AND k.state = 'succeeded'
+		                     AND (SELECT count(*) FROM $table o WHERE o.key = k.key) <> 1},
+		orphan_rows => qq{SELECT count(*) FROM $table o
+		                   WHERE NOT EXISTS (SELECT FROM idem_keys k
+		                                      WHERE k.scope = '' AND k.key = o.key AND k.state = 'succeeded')},
+		wrong_response => qq{SELECT count(*) FROM $table o JOIN idem_keys k ON k.scope = '' AND k.key = o.key
+		                      WHERE k.attempt <> o.attempt OR k.response_code <> 201
+		                         OR k.response <> jsonb_build_object('client', o.client_id, 'attempt', o.attempt)});
+}
+
 for my $e (@editions)
 {
 	is(query($e, 'SELECT idem_edition()'), $e, "$label{$e}: idem_edition() answers '$e'");
@@ -222,19 +244,7 @@ for my $e (@editions)
 {
 	my $p = "$label{$e}: phase 1";
 	my %n = counts($e, $p,
-		keys => q{SELECT count(*) FROM idem_keys WHERE key LIKE 'k%'},
-		pending => q{SELECT count(*) FROM idem_keys WHERE key LIKE 'k%' AND state = 'pending'},
-		not_succeeded => q{SELECT count(*) FROM idem_keys WHERE key LIKE 'k%' AND state <> 'succeeded'},
-		duplicates => q{SELECT count(*) FROM (SELECT key FROM orders GROUP BY key HAVING count(*) > 1) d},
-		not_one_row => q{SELECT count(*) FROM idem_keys k
-		                  WHERE k.key LIKE 'k%' AND k.state = 'succeeded'
-		                    AND (SELECT count(*) FROM orders o WHERE o.key = k.key) <> 1},
-		orphan_rows => q{SELECT count(*) FROM orders o
-		                  WHERE NOT EXISTS (SELECT FROM idem_keys k
-		                                     WHERE k.scope = '' AND k.key = o.key AND k.state = 'succeeded')},
-		wrong_response => q{SELECT count(*) FROM orders o JOIN idem_keys k ON k.scope = '' AND k.key = o.key
-		                     WHERE k.attempt <> o.attempt OR k.response_code <> 201
-		                        OR k.response <> jsonb_build_object('client', o.client_id, 'attempt', o.attempt)},
+		key_checks('k', 'orders'),
 		not_inserter => q{SELECT count(*) FROM orders WHERE attempt <> 1 OR NOT inserted},
 		owners_not_one => q{SELECT count(*) FROM (SELECT key FROM claim_log WHERE phase = 1 AND outcome = 'claimed'
 		                                           GROUP BY key HAVING count(*) <> 1) d},
@@ -318,19 +328,7 @@ $$;
 });
 
 	my %n = counts($e, $p,
-		keys => q{SELECT count(*) FROM idem_keys WHERE key LIKE 't%'},
-		pending => q{SELECT count(*) FROM idem_keys WHERE key LIKE 't%' AND state = 'pending'},
-		not_succeeded => q{SELECT count(*) FROM idem_keys WHERE key LIKE 't%' AND state <> 'succeeded'},
-		duplicates => q{SELECT count(*) FROM (SELECT key FROM orders2 GROUP BY key HAVING count(*) > 1) d},
-		not_one_row => q{SELECT count(*) FROM idem_keys k
-		                  WHERE k.key LIKE 't%' AND k.state = 'succeeded'
-		                    AND (SELECT count(*) FROM orders2 o WHERE o.key = k.key) <> 1},
-		orphan_rows => q{SELECT count(*) FROM orders2 o
-		                  WHERE NOT EXISTS (SELECT FROM idem_keys k
-		                                     WHERE k.scope = '' AND k.key = o.key AND k.state = 'succeeded')},
-		wrong_response => q{SELECT count(*) FROM orders2 o JOIN idem_keys k ON k.scope = '' AND k.key = o.key
-		                     WHERE k.attempt <> o.attempt OR k.response_code <> 201
-		                        OR k.response <> jsonb_build_object('client', o.client_id, 'attempt', o.attempt)},
+		key_checks('t', 'orders2'),
 		inserts_not_one => q{SELECT count(*) FROM (SELECT key FROM claim_log WHERE phase IN (2, 3) AND inserted
 		                                            GROUP BY key HAVING count(*) <> 1) d},
 		inserted_keys => q{SELECT count(DISTINCT key) FROM claim_log WHERE phase IN (2, 3) AND inserted},
