@@ -332,6 +332,8 @@ $fn$;
 -- a claim of this session that created its key (the placeholder setting idem_sql.insert_first,
 -- a hint only: either way gives the same answer), never with `wait` (lock_timeout would bound the
 -- insertion's wait) or under a transaction snapshot.
+-- The insertion is written twice, without and with `wait`: only the second needs the block that
+-- catches lock_not_available, and entering such a block starts a subtransaction on every call.
 CREATE FUNCTION @extschema@.idem_sql_claim_key(
     scope_ text, key_ text, fingerprint_ bytea, request_ jsonb, ttl_ interval, lease_ interval,
     deadline timestamptz, applied_ boolean, in_batch boolean)
