@@ -41,3 +41,17 @@ refused() {
 }
 
 summary() { echo "$PASS passed, $FAIL failed"; }
+
+# A query of the digest of the SQL edition's objects in SCHEMA: every function's definition and
+# privileges, every relation's kind, view definition, options and privileges, every type. Two
+# databases with the same digest have the same SQL edition in that schema.
+catalog_of() { # SCHEMA
+  echo "SELECT md5(string_agg(d, E'\\n' ORDER BY d)) FROM (
+          SELECT pg_get_functiondef(p.oid) || coalesce(p.proacl::text, '') AS d
+            FROM pg_proc p WHERE p.pronamespace = '$1'::regnamespace
+          UNION ALL
+          SELECT concat_ws(':', c.relname, c.relkind, pg_get_viewdef(c.oid), c.reloptions, c.relacl)
+            FROM pg_class c WHERE c.relnamespace = '$1'::regnamespace
+          UNION ALL
+          SELECT t.typname FROM pg_type t WHERE t.typnamespace = '$1'::regnamespace) o"
+}

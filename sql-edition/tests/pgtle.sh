@@ -2,50 +2,43 @@
 # The pg_tle route, as Amazon RDS, Aurora and Supabase offer it: against a running cluster that
 # preloads pg_tle and has no file of the C edition (sql-edition/tests/routes starts it).
 #
-#   pgtle.sh OUT SRC      OUT: sql-edition/build's output; SRC: sql-edition/src
+#   pgtle.sh OUT OLD      OUT: sql-edition/build's output; OLD: its output for the newest
+#                         released version (sql-edition/build OLD --release VERSION)
 #
-# A member of pgtle_admin (not a superuser) runs the generated install script; the database's
-# owner (not a superuser) creates the extension; the next version comes as pg_tle ships one
-# (its full script, the update path, the new default) and the owner updates to it; drop and
-# create again. An intruder (no pgtle_admin, not the owner) can neither install, replace nor
-# uninstall the extension, nor change its functions. The reaper is scheduled with pg_cron
-# (idem_schedule_reaper) by the owner. Last line: "N passed, N failed".
+# A member of pgtle_admin (not a superuser) runs the released version's install script; the
+# database's owner (not a superuser) creates the extension; the current version comes as the
+# build makes it for a database that has the released one (its full script, the update path, the
+# new default) and the owner updates to it: the result is what a fresh install of the current
+# version is, in another database; drop and create again. An intruder (no pgtle_admin, not the
+# owner) can neither install, replace nor uninstall the extension, nor change its functions. The
+# reaper is scheduled with pg_cron (idem_schedule_reaper) by the owner. Last line:
+# "N passed, N failed".
 set -uo pipefail
-OUT=$1 SRC=$2
+OUT=$1 OLD=$2
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-script=$(ls "$OUT"/pg_tle/idempotency--*.sql | grep -v -- '--.*--' | head -n 1)
+script=$(ls "$OLD"/pg_tle/idempotency--*.sql | grep -v -- '--.*--')
 A=$(basename "$script" .sql); A=${A#idempotency--}
-# the next version, made from the same source the way a release ships one for pg_tle
-B=$A-next
-next=$OUT/pg_tle-next.sql
-{
-  echo "SELECT pgtle.install_extension_version_sql('idempotency', '$B', \$_pgtle_\$"
-  sed -n '/^\$_pgtle_\$$/,/^\$_pgtle_\$);$/p' "$script" | sed '1d;$d'
-  echo "\$_pgtle_\$);"
-  # the update script: the API's functions replaced in place (what a release that changes
-  # function bodies only carries); the keys stay
-  echo "SELECT pgtle.install_update_path('idempotency', '$A', '$B', \$_pgtle_\$"
-  sed -e 's/^CREATE FUNCTION /CREATE OR REPLACE FUNCTION /' \
-      -e 's/^CREATE PROCEDURE /CREATE OR REPLACE PROCEDURE /' "$SRC"/30-api.sql
-  echo "\$_pgtle_\$);"
-  echo "SELECT pgtle.set_default_version('idempotency', '$B');"
-} >"$next"
-grep -q "CREATE OR REPLACE FUNCTION" "$next" || { not_ok "the next version's update script"; summary; exit 1; }
+fresh=$(ls "$OUT"/pg_tle/idempotency--*.sql | grep -v -- '--.*--')
+B=$(basename "$fresh" .sql); B=${B#idempotency--}
+next=$OUT/pg_tle/idempotency--$A--$B.sql
+[ -f "$next" ] || { not_ok "the build made no update from $A to $B for pg_tle"; summary; exit 1; }
 
 # pg_tle itself (it makes the role pgtle_admin): a superuser's step (on RDS and Aurora,
 # rds_superuser's)
 if ! setup=$(as postgres postgres -c "CREATE ROLE tle_admin LOGIN" \
       -c "CREATE ROLE tle_owner LOGIN" -c "CREATE ROLE tle_intruder LOGIN" \
       -c "CREATE DATABASE tle_db OWNER tle_owner" 2>&1 &&
-    as postgres tle_db -c "CREATE EXTENSION pg_tle" -c "GRANT pgtle_admin TO tle_admin" 2>&1); then
+    as postgres tle_db -c "CREATE EXTENSION pg_tle" -c "GRANT pgtle_admin TO tle_admin" 2>&1 &&
+    as postgres postgres -c "CREATE DATABASE tle_fresh OWNER tle_owner" 2>&1 &&
+    as postgres tle_fresh -c "CREATE EXTENSION pg_tle" 2>&1); then
   not_ok "roles, database and pg_tle" "$setup"; summary; exit 1
 fi
 
 expect "the installing role is in pgtle_admin and is no superuser" "t|f" tle_admin tle_db \
   "SELECT pg_has_role('pgtle_admin', 'MEMBER'), rolsuper FROM pg_roles WHERE rolname = current_user"
 refused "a role without pgtle_admin cannot run the install script" 42501 tle_intruder tle_db -f "$script"
-runs "pgtle_admin runs the generated install script" tle_admin tle_db -f "$script"
+runs "pgtle_admin runs the install script of the released $A" tle_admin tle_db -f "$script"
 expect "pg_tle lists idempotency $A" "$A" tle_owner tle_db \
   "SELECT default_version FROM pgtle.available_extensions() WHERE name = 'idempotency'"
 refused "a role without pgtle_admin cannot replace the install script" 42501 tle_intruder tle_db \
@@ -76,14 +69,17 @@ refused "... nor update the extension" 42501 tle_intruder tle_db -c "ALTER EXTEN
 refused "... nor drop it" 42501 tle_intruder tle_db -c "DROP EXTENSION idempotency"
 refused "... nor read the keys" 42501 tle_intruder tle_db -c "SELECT count(*) FROM idem_keys"
 members="SELECT count(*) FROM pg_depend WHERE refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency') AND deptype = 'e'"
-before=$(as tle_owner tle_db -c "$members" 2>&1)
 
 refused "a role without pgtle_admin cannot ship the next version" 42501 tle_intruder tle_db -f "$next"
-runs "pgtle_admin installs the next version $B, the update path and the new default" tle_admin tle_db -f "$next"
+runs "pgtle_admin installs version $B, the update path from $A and the new default" tle_admin tle_db -f "$next"
 runs "the owner updates the extension (ALTER EXTENSION idempotency UPDATE)" tle_owner tle_db \
   -c "ALTER EXTENSION idempotency UPDATE"
-expect "the extension is at $B, still the SQL edition, with as many members" "$B|sql|$before" tle_owner tle_db \
-  "SELECT extversion, idem_edition(), ($members) FROM pg_extension WHERE extname = 'idempotency'"
+expect "the extension is at $B, still the SQL edition" "$B|sql" tle_owner tle_db \
+  "SELECT extversion, idem_edition() FROM pg_extension WHERE extname = 'idempotency'"
+runs "in another database, pgtle_admin installs $B afresh" tle_admin tle_fresh -f "$fresh"
+runs "... and the owner creates it there" tle_owner tle_fresh -c "CREATE EXTENSION idempotency"
+expect "the updated extension is the fresh one: the same objects, definitions and privileges, as many members" \
+  "$(as tle_owner tle_fresh -c "$(catalog_of public)" -c "$members" 2>&1)" tle_owner tle_db "$(catalog_of public); $members"
 expect "the key claimed before the update replays after it" "replay|{\"id\": 1}" tle_owner tle_db \
   "SELECT outcome, response FROM idem_claim('pay-1', request => '{\"a\": 1}')"
 

@@ -3,23 +3,31 @@
 # database's owner (not a superuser) into a schema of its own, against a running cluster with no
 # file of the C edition (sql-edition/tests/routes starts it).
 #
-#   plain.sh OUT DENIED   OUT: sql-edition/build OUT --schema idem;
-#                         DENIED: sql-edition/build DENIED --schema idem_denied
+#   plain.sh OUT DENIED OLD   OUT: sql-edition/build OUT --schema idem;
+#                             DENIED: sql-edition/build DENIED --schema idem_denied;
+#                             OLD: sql-edition/build OLD --schema idem --release VERSION, the
+#                             newest released version
 #
 # Run twice (the second run changes nothing); the version table; idem_edition() and a claim
 # cycle; a role without CREATE on the database fails cleanly and leaves nothing behind; an
-# intruder cannot change the installed functions. Last line: "N passed, N failed".
+# intruder cannot change the installed functions. The update: the released version installed in
+# another database, then the update file run twice gives what a fresh install gives. Last line:
+# "N passed, N failed".
 set -uo pipefail
-OUT=$1 DENIED=$2
+OUT=$1 DENIED=$2 OLD=$3
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-file=$(ls "$OUT"/plain/idempotency-*.sql | head -n 1)
-denied=$(ls "$DENIED"/plain/idempotency-*.sql | head -n 1)
+file=$(ls "$OUT"/plain/idempotency-*.sql)
+denied=$(ls "$DENIED"/plain/idempotency-*.sql)
+old_file=$(ls "$OLD"/plain/idempotency-*.sql)
 V=$(basename "$file" .sql); V=${V#idempotency-}
+A=$(basename "$old_file" .sql); A=${A#idempotency-}
+update=$OUT/plain/update/idempotency-$A--$V.sql
 
 if ! setup=$(as postgres postgres -c "CREATE ROLE plain_owner LOGIN" -c "CREATE ROLE plain_intruder LOGIN" \
       -c "CREATE ROLE plain_app LOGIN" \
-      -c "CREATE DATABASE plain_db OWNER plain_owner" 2>&1); then
+      -c "CREATE DATABASE plain_db OWNER plain_owner" -c "CREATE DATABASE plain_up OWNER plain_owner" \
+      -c "CREATE DATABASE plain_fresh OWNER plain_owner" 2>&1); then
   not_ok "roles and database" "$setup"; summary; exit 1
 fi
 
@@ -62,5 +70,33 @@ refused "... nor change the version table" 42501 plain_intruder plain_db \
 refused "... nor read the keys" 42501 plain_intruder plain_db -c "SELECT count(*) FROM idem.idem_keys"
 expect "still the SQL edition at $V" "sql|$V" plain_owner plain_db \
   "SELECT idem.idem_edition(), version FROM idem.idem_sql_version"
+
+# the update from the released version, in a database of its own, against a fresh install in
+# another one
+runs "the owner installs $V afresh in a third database" plain_owner plain_fresh -f "$file"
+fresh=$(as plain_owner plain_fresh -c "$(catalog_of idem)" 2>&1)
+runs "the owner installs the released $A" plain_owner plain_up -f "$old_file"
+expect "... at $A, where a key is claimed and completed" "$A
+claimed
+succeeded" plain_owner plain_up \
+  "SELECT version FROM idem.idem_sql_version;
+   SELECT outcome FROM idem.idem_claim('pay-1', request => '{\"a\": 1}');
+   SELECT state FROM idem.idem_complete('pay-1', '{\"id\": 1}', 201)"
+refused "the intruder cannot run the update" 42501 plain_intruder plain_up -f "$update"
+runs "the owner runs the update file from $A to $V (psql -f)" plain_owner plain_up -f "$update"
+expect "the version table says $V" "$V" plain_owner plain_up "SELECT version FROM idem.idem_sql_version"
+expect "the updated schema is a fresh install's: the same objects, definitions and privileges" \
+  "$fresh" plain_owner plain_up "$(catalog_of idem)"
+second=$(as plain_owner plain_up -f "$update" 2>&1)
+if [ "$second" = "idempotency is already at $V in schema idem" ]; then
+  ok "run again, the update says it is done and changes nothing"
+else
+  not_ok "run again, the update says it is done and changes nothing" "$second"
+fi
+expect "... still a fresh install's schema" "$fresh" plain_owner plain_up "$(catalog_of idem)"
+expect "the key completed before the update replays after it" "replay|{\"id\": 1}" plain_owner plain_up \
+  "SELECT outcome, response FROM idem.idem_claim('pay-1', request => '{\"a\": 1}')"
+runs "the install file run on the updated schema changes nothing" plain_owner plain_up -f "$file"
+expect "... still $V" "$V" plain_owner plain_up "SELECT version FROM idem.idem_sql_version"
 
 summary

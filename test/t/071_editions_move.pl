@@ -42,6 +42,7 @@ IPC::Run::run([ 'bash', "$root/sql-edition/build", $gen ], '>', \my $bout, '2>',
 my ($plain) = glob("$gen/plain/idempotency-*.sql");
 ok(defined $plain && -s $plain, 'sql-edition/build made the plain-SQL install file')
   or do { diag $berr; done_testing(); exit; };
+my ($sql_version) = slurp_file("$gen/extension/idempotency.control") =~ /^default_version = '([^']+)'/m;
 
 my $node = PostgreSQL::Test::Cluster->new('move');
 $node->init(extra => [ '--encoding=UTF8', '--locale=C' ]);
@@ -247,8 +248,8 @@ if ($major >= 18)
 	fill('cx_src');
 	$move_whole->('cx_src', 'sqlx_dst', 1);
 	is(edition_of('sqlx_dst'), 'sql', 'sqlx_dst: restored under the SQL edition');
-	is($node->safe_psql('sqlx_dst', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}), '1.5',
-		'sqlx_dst: the SQL edition is the extension idempotency 1.5');
+	is($node->safe_psql('sqlx_dst', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}), $sql_version,
+		"sqlx_dst: the SQL edition is the extension idempotency $sql_version");
 	same_answers('cx_src', 'sqlx_dst', 'C -> SQL (extension)');
 
 	install('sqlx_src', 'sql-ext');
