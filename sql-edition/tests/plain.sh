@@ -10,7 +10,8 @@
 #
 # Run twice (the second run changes nothing); the version table; idem_edition() and a claim
 # cycle; a role without CREATE on the database fails cleanly and leaves nothing behind; an
-# intruder cannot change the installed functions. The update: the released version installed in
+# intruder cannot change the installed functions; row-level security of idem_keys moves with
+# pg_dump (no extension owns the table). The update: the released version installed in
 # another database, then the update file run twice gives what a fresh install gives. Last line:
 # "N passed, N failed".
 set -uo pipefail
@@ -70,6 +71,26 @@ refused "... nor change the version table" 42501 plain_intruder plain_db \
 refused "... nor read the keys" 42501 plain_intruder plain_db -c "SELECT count(*) FROM idem.idem_keys"
 expect "still the SQL edition at $V" "sql|$V" plain_owner plain_db \
   "SELECT idem.idem_edition(), version FROM idem.idem_sql_version"
+
+# idem_keys is an ordinary table here, not an extension's: pg_dump dumps its row-level security
+# with it, and a restore puts it back
+runs "the owner confines the application to its tenant's keys (row-level security, forced)" plain_owner plain_db \
+  -c "ALTER TABLE idem.idem_keys ENABLE ROW LEVEL SECURITY" -c "ALTER TABLE idem.idem_keys FORCE ROW LEVEL SECURITY" \
+  -c "CREATE POLICY tenant_a ON idem.idem_keys TO plain_app USING (scope = 'a') WITH CHECK (scope = 'a')"
+dump=$(mktemp)
+if out=$("$PGBIN/pg_dump" -U postgres -d plain_db --no-owner -f "$dump" 2>&1 &&
+         as postgres postgres -c "CREATE DATABASE plain_restored OWNER plain_owner" 2>&1 &&
+         as plain_owner plain_restored -f "$dump" 2>&1); then
+  ok "pg_dump of the database (forced row-level security: by a role that bypasses it), restored by the owner into another"
+else
+  not_ok "pg_dump of the database (forced row-level security: by a role that bypasses it), restored by the owner into another" "$out"
+fi
+rm -f "$dump"
+expect "the restored idem_keys has its row-level security, forced, and its policy" \
+  "t|t|tenant_a|{plain_app}|(scope = 'a'::text)" plain_owner plain_restored \
+  "SELECT c.relrowsecurity, c.relforcerowsecurity, p.policyname, p.roles, p.qual
+     FROM pg_class c JOIN pg_policies p ON p.schemaname = 'idem' AND p.tablename = c.relname
+    WHERE c.oid = 'idem.idem_keys'::regclass"
 
 # the update from the released version, in a database of its own, against a fresh install in
 # another one
