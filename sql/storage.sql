@@ -41,7 +41,7 @@ SELECT inserted - :i0 AS inserted, updated - :u0 AS updated, deleted - :d0 AS de
 COMMIT;
 SELECT outcome FROM idem_claim('st-2', NULL, 'st', lease => '1 microsecond');
 SELECT outcome FROM idem_claim('st-3', NULL, 'st', lease => '1 hour');
-SELECT outcome FROM idem_claim('st-4', NULL, 'st', lease => '10 ms');
+SELECT outcome FROM idem_claim('st-4', NULL, 'st', lease => '1 microsecond');
 SELECT state FROM idem_fail('st-4', scope => 'st');
 -- replay and in_progress in a later transaction, and errors; the first claim follows st-4's
 -- creation, so it inserts first: one killed tuple
