@@ -43,7 +43,7 @@ export interface TestDatabase {
 
 /** A fresh database with the extension at `extensionVersion` and the tables the tests write. */
 export async function createTestDatabase(label: string, version = extensionVersion): Promise<TestDatabase> {
-  const name = `node_${label}_${version.replace('.', '_')}`;
+  const name = `node_${label}_${version.replaceAll('.', '_')}`;
   const admin = new Client({ database: 'postgres' });
   await admin.connect();
   try {
