@@ -131,17 +131,30 @@ RETURNS @extschema@.idem_keys
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $fn$
 BEGIN
-    PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
-    PERFORM @extschema@.idem_sql_not_null(response_code, 'response_code');
-    PERFORM @extschema@.idem_sql_not_null(retryable, 'retryable');
-    PERFORM @extschema@.idem_sql_check_scope(scope);
-    IF ttl IS NOT NULL THEN
-        PERFORM @extschema@.idem_sql_duration_end(pg_catalog.clock_timestamp(), ttl, 'ttl');
+    -- as idem_complete
+    IF (key OPERATOR(pg_catalog.~) '^[ -~]+$' AND pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 255
+        AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) 255) IS NOT TRUE
+       OR response_code IS NULL OR retryable IS NULL
+       OR pg_catalog.current_setting('idempotency.max_key_length', true) OPERATOR(pg_catalog.<>) '' THEN
+        PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
+        PERFORM @extschema@.idem_sql_not_null(response_code, 'response_code');
+        PERFORM @extschema@.idem_sql_not_null(retryable, 'retryable');
+        PERFORM @extschema@.idem_sql_check_scope(scope);
     END IF;
-    IF headers IS NOT NULL AND pg_catalog.jsonb_typeof(headers) OPERATOR(pg_catalog.<>) 'object' THEN
-        RAISE EXCEPTION 'argument "headers" must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
+    IF ttl IS NOT NULL OR headers IS NOT NULL THEN
+        IF ttl IS NOT NULL THEN
+            PERFORM @extschema@.idem_sql_duration_end(pg_catalog.clock_timestamp(), ttl, 'ttl');
+        END IF;
+        IF headers IS NOT NULL AND pg_catalog.jsonb_typeof(headers) OPERATOR(pg_catalog.<>) 'object' THEN
+            RAISE EXCEPTION 'argument "headers" must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
+        END IF;
     END IF;
-    PERFORM @extschema@.idem_sql_may('idem_fail()', '{SELECT,INSERT,UPDATE}');
+    IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'SELECT')
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'INSERT')
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'UPDATE') THEN
+        PERFORM @extschema@.idem_sql_may('idem_fail()', '{SELECT,INSERT,UPDATE}');
+    END IF;
     RETURN @extschema@.idem_sql_finish_key(scope, key, 'failed', response, response_code, retryable,
                                            attempt, ttl, body, headers, false);
 END
@@ -157,9 +170,16 @@ DECLARE
     r    @extschema@.idem_keys;
     now_ timestamptz;
 BEGIN
-    PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
-    PERFORM @extschema@.idem_sql_check_scope(scope);
-    PERFORM @extschema@.idem_sql_may('idem_lookup()', '{SELECT}');
+    -- as idem_claim
+    IF (key OPERATOR(pg_catalog.~) '^[ -~]+$' AND pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 255
+        AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) 255) IS NOT TRUE
+       OR pg_catalog.current_setting('idempotency.max_key_length', true) OPERATOR(pg_catalog.<>) '' THEN
+        PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
+        PERFORM @extschema@.idem_sql_check_scope(scope);
+    END IF;
+    IF NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'SELECT') THEN
+        PERFORM @extschema@.idem_sql_may('idem_lookup()', '{SELECT}');
+    END IF;
     SELECT k.* INTO r FROM @extschema@.idem_keys AS k
      WHERE k.scope OPERATOR(pg_catalog.=) idem_lookup.scope AND k.key OPERATOR(pg_catalog.=) idem_lookup.key;
     now_ := pg_catalog.clock_timestamp();
