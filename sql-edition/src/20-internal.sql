@@ -348,7 +348,7 @@ DECLARE
     expired  boolean;
     mismatch boolean;
     status   text;
-    probed   boolean;  -- NULL: false (no initial values: each costs a call)
+    probed   boolean;  -- NULL: false (an initial value is an expression on every call)
     hidden   integer;
     before   text;
     done     boolean;
