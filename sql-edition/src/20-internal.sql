@@ -350,12 +350,12 @@ DECLARE
     expired  boolean;
     mismatch boolean;
     status   text;
-    probed   boolean := false;
-    hidden   integer := 0;
+    probed   boolean;  -- NULL: false (an initial value is an expression on every call)
+    hidden   integer;
     before   text;
     done     boolean;
     seconds  numeric;
-    exists_  boolean := false;
+    exists_  boolean;
     expires  timestamptz;
     until_   timestamptz;
     look     boolean := coalesce(pg_catalog.current_setting('idem_sql.insert_first', true), '') OPERATOR(pg_catalog.<>) 'on'
@@ -381,7 +381,7 @@ BEGIN
             IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
                 own := coalesce(@extschema@.idem_sql_xact_status(row_xmin) OPERATOR(pg_catalog.=) 'in progress', false);
             END IF;
-            IF NOT own AND NOT probed AND NOT row_xmax OPERATOR(pg_catalog.=) '0'::xid THEN
+            IF NOT own AND probed IS NOT TRUE AND NOT row_xmax OPERATOR(pg_catalog.=) '0'::xid THEN
                 -- Someone may be writing this version (§2 step 2), or, at REPEATABLE READ, may have
                 -- replaced it after the snapshot: a share lock waits for the writer, or raises 40001.
                 status := @extschema@.idem_sql_xact_status(row_xmax);
@@ -488,20 +488,22 @@ BEGIN
             END IF;
         END IF;
 
-        -- The write's ends at now_ (§9): an argument's, checked as idem_sql_duration_end checks
-        -- it (which raises), else the setting's default. Statements, not one expression, so that
-        -- a claim compiles no call of the rare paths.
-        IF ttl_ IS NULL THEN
-            IF coalesce(pg_catalog.current_setting('idempotency.default_ttl', true), '') OPERATOR(pg_catalog.=) '' THEN
-                expires := now_ OPERATOR(pg_catalog.+) '86400 seconds'::interval;
-            ELSE
-                expires := now_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
-                               @extschema@.idem_sql_setting('idempotency.default_ttl', 86400, 1, 2147483647, 's'));
-            END IF;
-        ELSIF @extschema@.idem_sql_end_ok(now_, ttl_) THEN
-            expires := now_ OPERATOR(pg_catalog.+) ttl_;
+        -- The write's ends at now_ (§9): an argument's, else the setting's default. The callers
+        -- have checked the arguments (idem_sql_duration_end), so a sum cannot overflow; its
+        -- calendar check is made again at this now_, the error raised as that function raises
+        -- it. Statements, not one expression, so that a claim compiles no call of the rare paths.
+        IF ttl_ IS NULL
+           AND coalesce(pg_catalog.current_setting('idempotency.default_ttl', true), '') OPERATOR(pg_catalog.=) '' THEN
+            expires := now_ OPERATOR(pg_catalog.+) '86400 seconds'::interval;
+        ELSIF ttl_ IS NULL THEN
+            expires := now_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
+                           @extschema@.idem_sql_setting('idempotency.default_ttl', 86400, 1, 2147483647, 's'));
         ELSE
-            expires := @extschema@.idem_sql_duration_end(now_, ttl_, 'ttl');
+            expires := now_ OPERATOR(pg_catalog.+) ttl_;
+            IF NOT (expires OPERATOR(pg_catalog.>) now_
+                    AND expires OPERATOR(pg_catalog.<=) (now_ OPERATOR(pg_catalog.+) '100 years'::interval)) THEN
+                expires := @extschema@.idem_sql_duration_end(now_, ttl_, 'ttl');
+            END IF;
         END IF;
         IF applied_ THEN
             until_ := NULL;
@@ -513,13 +515,15 @@ BEGIN
                               @extschema@.idem_sql_setting('idempotency.default_lease', 60000, 1, 2147483647, 'ms')
                               OPERATOR(pg_catalog./) 1000.0);
             END IF;
-        ELSIF @extschema@.idem_sql_end_ok(now_, lease_) THEN
-            until_ := now_ OPERATOR(pg_catalog.+) lease_;
         ELSE
-            until_ := @extschema@.idem_sql_duration_end(now_, lease_, 'lease');
+            until_ := now_ OPERATOR(pg_catalog.+) lease_;
+            IF NOT (until_ OPERATOR(pg_catalog.>) now_
+                    AND until_ OPERATOR(pg_catalog.<=) (now_ OPERATOR(pg_catalog.+) '100 years'::interval)) THEN
+                until_ := @extschema@.idem_sql_duration_end(now_, lease_, 'lease');
+            END IF;
         END IF;
 
-        IF NOT exists_ THEN
+        IF exists_ IS NOT TRUE THEN
             -- §2 step 1: a new key. A concurrent insert of it is waited for by the insert itself.
             IF deadline IS NULL THEN
                 INSERT INTO @extschema@.idem_keys AS k
@@ -559,7 +563,7 @@ BEGIN
             -- it exists (committed, or this transaction's), or row-level security hides it from
             -- this role (then the look finds nothing, again and again)
             IF look THEN
-                hidden := hidden OPERATOR(pg_catalog.+) 1;
+                hidden := coalesce(hidden, 0) OPERATOR(pg_catalog.+) 1;
                 IF hidden OPERATOR(pg_catalog.>) 3 THEN
                     RAISE EXCEPTION 'idempotency key "%" exists but row-level security hides it from this role', key_
                         USING ERRCODE = 'insufficient_privilege';
@@ -694,7 +698,9 @@ DECLARE
 BEGIN
     LOOP
         now_ := pg_catalog.clock_timestamp();
-        expires := CASE WHEN ttl_ IS NOT NULL THEN @extschema@.idem_sql_duration_end(now_, ttl_, 'ttl') END;
+        IF ttl_ IS NOT NULL THEN  -- a statement apart: a function of ours costs its look-up
+            expires := @extschema@.idem_sql_duration_end(now_, ttl_, 'ttl');
+        END IF;
         UPDATE @extschema@.idem_keys AS k
            SET state = state_, response = response_, response_code = response_code_,
                response_body = body_, response_headers = headers_,

@@ -14,21 +14,19 @@ RETURNS @extschema@.idem_claim_result
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $fn$
 DECLARE
-    deadline timestamptz;
-    given    bytea := fingerprint;
+    deadline  timestamptz;
+    now_      timestamptz;
     canonical text;
-    now_     timestamptz;
 BEGIN
-    -- The usual arguments pass in simple expressions; anything else goes to the checks that
-    -- name what is wrong. Each expression's first use in a transaction costs a claim a good part
-    -- of a look at the key (its functions are looked up and their EXECUTE privilege checked),
-    -- so they are few and small.
-    IF key IS NULL OR key OPERATOR(pg_catalog.~) '[^ -~]' OR pg_catalog.octet_length(key) OPERATOR(pg_catalog.<) 1
-       OR pg_catalog.octet_length(key) OPERATOR(pg_catalog.>) 255
+    -- The usual arguments pass in a few simple expressions; anything else goes to the checks
+    -- that name what is wrong, in argument order. Each expression's first use in a transaction
+    -- costs a claim its set-up (every function and operator in it looked up and its EXECUTE
+    -- privilege checked, whether its branch is taken or not), so they are few and small: a key
+    -- of 1 to 255 printable ASCII characters (one byte each) is one regular expression.
+    IF (key OPERATOR(pg_catalog.~) '^[ -~]+$' AND pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 255
+        AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) 255) IS NOT TRUE
        OR pg_catalog.current_setting('idempotency.max_key_length', true) OPERATOR(pg_catalog.<>) '' THEN
         PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
-    END IF;
-    IF scope IS NULL OR pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 255 THEN
         PERFORM @extschema@.idem_sql_check_scope(scope);
     END IF;
     IF ttl IS NOT NULL OR lease IS NOT NULL THEN
@@ -40,11 +38,13 @@ BEGIN
             PERFORM @extschema@.idem_sql_duration_end(now_, lease, 'lease');
         END IF;
     END IF;
-    IF wait IS NOT NULL THEN
-        deadline := @extschema@.idem_sql_deadline(wait);
-    END IF;
-    IF given IS NOT NULL THEN
-        PERFORM @extschema@.idem_sql_check_fingerprint(given, NULL);
+    IF wait IS NOT NULL OR fingerprint IS NOT NULL THEN
+        IF wait IS NOT NULL THEN
+            deadline := @extschema@.idem_sql_deadline(wait);
+        END IF;
+        IF fingerprint IS NOT NULL THEN
+            PERFORM @extschema@.idem_sql_check_fingerprint(fingerprint, NULL);
+        END IF;
     END IF;
     IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
        OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'SELECT')
@@ -52,20 +52,23 @@ BEGIN
        OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'UPDATE') THEN
         PERFORM @extschema@.idem_sql_may('idem_claim()', '{SELECT,INSERT,UPDATE}');
     END IF;
-    IF given IS NULL AND request IS NOT NULL THEN
-        -- idem_sql_fingerprint's fast case, inline (a statement apart calls it only when needed)
-        canonical := request::text;
-        IF canonical OPERATOR(pg_catalog.~) '\.[0-9]*0([^0-9]|$)' THEN
-            given := @extschema@.idem_sql_fingerprint(scope, request, true);
-        ELSE
-            given := pg_catalog.sha256(pg_catalog.convert_to(scope, pg_catalog.getdatabaseencoding())
-                         OPERATOR(pg_catalog.||) '\x00'::bytea
-                         OPERATOR(pg_catalog.||) pg_catalog.convert_to(canonical, pg_catalog.getdatabaseencoding()));
-        END IF;
-    ELSE
-        request := NULL;  -- a given fingerprint is compared as given (§3)
+    IF fingerprint IS NOT NULL OR request IS NULL THEN
+        -- a given fingerprint is compared as given (§3)
+        RETURN @extschema@.idem_sql_claim_key(scope, key, fingerprint, NULL, ttl, lease, deadline, false, false);
     END IF;
-    RETURN @extschema@.idem_sql_claim_key(scope, key, given, request, ttl, lease, deadline, false, false);
+    -- idem_sql_fingerprint's fast case, inline: jsonb's text is canonical unless it may hold a
+    -- number with trailing fraction zeros, which needs a '.' (a statement apart calls it only then)
+    canonical := request::text;
+    IF pg_catalog.strpos(canonical, '.') OPERATOR(pg_catalog.<>) 0
+       AND canonical OPERATOR(pg_catalog.~) '\.[0-9]*0([^0-9]|$)' THEN
+        RETURN @extschema@.idem_sql_claim_key(scope, key, @extschema@.idem_sql_fingerprint(scope, request, true),
+                                              request, ttl, lease, deadline, false, false);
+    END IF;
+    RETURN @extschema@.idem_sql_claim_key(scope, key,
+        pg_catalog.sha256(pg_catalog.convert_to(scope, pg_catalog.getdatabaseencoding())
+                          OPERATOR(pg_catalog.||) '\x00'::bytea
+                          OPERATOR(pg_catalog.||) pg_catalog.convert_to(canonical, pg_catalog.getdatabaseencoding())),
+        request, ttl, lease, deadline, false, false);
 END
 $fn$;
 
@@ -82,24 +85,25 @@ RETURNS @extschema@.idem_keys
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $fn$
 BEGIN
-    -- The usual arguments pass in simple expressions; anything else goes to the checks that
-    -- name what is wrong (a function call each: they cost a claim more than its index probe).
-    IF key IS NULL OR key OPERATOR(pg_catalog.~) '[^ -~]' OR pg_catalog.octet_length(key) OPERATOR(pg_catalog.<) 1
-       OR pg_catalog.octet_length(key) OPERATOR(pg_catalog.>) 255
+    -- The usual arguments pass in a few simple expressions (as in idem_claim); anything else
+    -- goes to the checks that name what is wrong, in argument order.
+    IF (key OPERATOR(pg_catalog.~) '^[ -~]+$' AND pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 255
+        AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) 255) IS NOT TRUE
+       OR response_code IS NULL
        OR pg_catalog.current_setting('idempotency.max_key_length', true) OPERATOR(pg_catalog.<>) '' THEN
         PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
-    END IF;
-    IF response_code IS NULL THEN
-        PERFORM @extschema@.idem_sql_not_null(response_code, 'response_code');
-    END IF;
-    IF scope IS NULL OR pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 255 THEN
+        IF response_code IS NULL THEN
+            PERFORM @extschema@.idem_sql_not_null(response_code, 'response_code');
+        END IF;
         PERFORM @extschema@.idem_sql_check_scope(scope);
     END IF;
-    IF ttl IS NOT NULL THEN
-        PERFORM @extschema@.idem_sql_duration_end(pg_catalog.clock_timestamp(), ttl, 'ttl');
-    END IF;
-    IF headers IS NOT NULL AND pg_catalog.jsonb_typeof(headers) OPERATOR(pg_catalog.<>) 'object' THEN
-        RAISE EXCEPTION 'argument "headers" must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
+    IF ttl IS NOT NULL OR headers IS NOT NULL THEN
+        IF ttl IS NOT NULL THEN
+            PERFORM @extschema@.idem_sql_duration_end(pg_catalog.clock_timestamp(), ttl, 'ttl');
+        END IF;
+        IF headers IS NOT NULL AND pg_catalog.jsonb_typeof(headers) OPERATOR(pg_catalog.<>) 'object' THEN
+            RAISE EXCEPTION 'argument "headers" must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
+        END IF;
     END IF;
     IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
        OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'SELECT')
@@ -127,17 +131,30 @@ RETURNS @extschema@.idem_keys
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $fn$
 BEGIN
-    PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
-    PERFORM @extschema@.idem_sql_not_null(response_code, 'response_code');
-    PERFORM @extschema@.idem_sql_not_null(retryable, 'retryable');
-    PERFORM @extschema@.idem_sql_check_scope(scope);
-    IF ttl IS NOT NULL THEN
-        PERFORM @extschema@.idem_sql_duration_end(pg_catalog.clock_timestamp(), ttl, 'ttl');
+    -- as idem_complete
+    IF (key OPERATOR(pg_catalog.~) '^[ -~]+$' AND pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 255
+        AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) 255) IS NOT TRUE
+       OR response_code IS NULL OR retryable IS NULL
+       OR pg_catalog.current_setting('idempotency.max_key_length', true) OPERATOR(pg_catalog.<>) '' THEN
+        PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
+        PERFORM @extschema@.idem_sql_not_null(response_code, 'response_code');
+        PERFORM @extschema@.idem_sql_not_null(retryable, 'retryable');
+        PERFORM @extschema@.idem_sql_check_scope(scope);
     END IF;
-    IF headers IS NOT NULL AND pg_catalog.jsonb_typeof(headers) OPERATOR(pg_catalog.<>) 'object' THEN
-        RAISE EXCEPTION 'argument "headers" must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
+    IF ttl IS NOT NULL OR headers IS NOT NULL THEN
+        IF ttl IS NOT NULL THEN
+            PERFORM @extschema@.idem_sql_duration_end(pg_catalog.clock_timestamp(), ttl, 'ttl');
+        END IF;
+        IF headers IS NOT NULL AND pg_catalog.jsonb_typeof(headers) OPERATOR(pg_catalog.<>) 'object' THEN
+            RAISE EXCEPTION 'argument "headers" must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
+        END IF;
     END IF;
-    PERFORM @extschema@.idem_sql_may('idem_fail()', '{SELECT,INSERT,UPDATE}');
+    IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'SELECT')
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'INSERT')
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'UPDATE') THEN
+        PERFORM @extschema@.idem_sql_may('idem_fail()', '{SELECT,INSERT,UPDATE}');
+    END IF;
     RETURN @extschema@.idem_sql_finish_key(scope, key, 'failed', response, response_code, retryable,
                                            attempt, ttl, body, headers, false);
 END
@@ -153,9 +170,16 @@ DECLARE
     r    @extschema@.idem_keys;
     now_ timestamptz;
 BEGIN
-    PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
-    PERFORM @extschema@.idem_sql_check_scope(scope);
-    PERFORM @extschema@.idem_sql_may('idem_lookup()', '{SELECT}');
+    -- as idem_claim
+    IF (key OPERATOR(pg_catalog.~) '^[ -~]+$' AND pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 255
+        AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) 255) IS NOT TRUE
+       OR pg_catalog.current_setting('idempotency.max_key_length', true) OPERATOR(pg_catalog.<>) '' THEN
+        PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
+        PERFORM @extschema@.idem_sql_check_scope(scope);
+    END IF;
+    IF NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'SELECT') THEN
+        PERFORM @extschema@.idem_sql_may('idem_lookup()', '{SELECT}');
+    END IF;
     SELECT k.* INTO r FROM @extschema@.idem_keys AS k
      WHERE k.scope OPERATOR(pg_catalog.=) idem_lookup.scope AND k.key OPERATOR(pg_catalog.=) idem_lookup.key;
     now_ := pg_catalog.clock_timestamp();
