@@ -200,8 +200,8 @@ $$;
 -- (a) for batches: ref.claim_batch_a / ref.complete_batch_a, set-based as a careful author would
 -- write them for a batch of new or finished keys: one INSERT ... SELECT ... ORDER BY key ON
 -- CONFLICT DO NOTHING (rows inserted in key order, so overlapping batches do not deadlock) and one
--- read of the keys it did not insert; complete: the rows locked in key order, then one UPDATE of
--- them by ctid.
+-- read of the keys it did not insert; complete: the rows locked in key order (a look-up per key),
+-- then one UPDATE of them by ctid.
 -- Takeovers, expiry and refused fingerprints are left out (the batch workloads have none), which
 -- only makes the reference faster.
 CREATE FUNCTION ref.claim_batch_a(
@@ -252,20 +252,25 @@ RETURNS bigint
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_now  timestamptz := clock_timestamp();
-    v_tids tid[];
-    n      bigint;
+    v_now   timestamptz := clock_timestamp();
+    v_tids  tid[];
+    v_resps jsonb[];
+    n       bigint;
 BEGIN
-    v_tids := ARRAY(SELECT t.ctid FROM ref.keys_a AS t
-                     WHERE t.scope = p_scope AND t.key = ANY (p_keys)
-                     ORDER BY t.key
-                       FOR UPDATE);
-    -- by ctid: a TID scan, where a join on the key may scan the scope's rows
+    -- each key's row locked in key order (one index look-up per key), with its response
+    SELECT array_agg(l.tid), array_agg(l.r) INTO v_tids, v_resps
+      FROM (SELECT x.tid, u.r
+              FROM (SELECT u.k, u.r FROM unnest(p_keys, p_responses) AS u(k, r)
+                     ORDER BY u.k COLLATE "C") AS u
+             CROSS JOIN LATERAL (SELECT t.ctid AS tid FROM ref.keys_a AS t
+                                  WHERE t.scope = p_scope AND t.key = u.k
+                                    FOR UPDATE) AS x) AS l;
+    -- then updated by ctid, each row's response found by its place (a join with the arrays
+    -- would leave the plan to statistics, which a growing table does not have yet)
     UPDATE ref.keys_a AS t
-       SET state = 'succeeded', response = u.r, response_code = p_code,
-           completed_at = v_now, locked_until = NULL, retryable = NULL
-      FROM unnest(p_keys, p_responses) AS u(k, r)
-     WHERE t.ctid = ANY (v_tids) AND t.key = u.k AND t.state = 'pending';
+       SET state = 'succeeded', response = v_resps[array_position(v_tids, t.ctid)],
+           response_code = p_code, completed_at = v_now, locked_until = NULL, retryable = NULL
+     WHERE t.ctid = ANY (v_tids) AND t.state = 'pending';
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n <> cardinality(p_keys) THEN
         RAISE EXCEPTION 'a key of the batch is not pending' USING ERRCODE = 'IK004';

@@ -357,31 +357,56 @@ DECLARE
     until_   timestamptz;
     new_state @extschema@.idem_state;
 BEGIN
-    PERFORM @extschema@.idem_sql_batch_keys(keys);
+    -- The usual arguments pass in simple tests, in argument order; anything else goes to the
+    -- checks that name what is wrong (a call each costs a batch more than several tests).
+    IF keys IS NULL OR pg_catalog.array_ndims(keys) OPERATOR(pg_catalog.>) 1
+       OR pg_catalog.current_setting('idempotency.max_key_length', true) OPERATOR(pg_catalog.<>) ''
+       OR EXISTS (SELECT FROM pg_catalog.unnest(keys) AS u(k)
+                   WHERE u.k IS NULL OR u.k OPERATOR(pg_catalog.~) '[^ -~]' OR pg_catalog.octet_length(u.k) OPERATOR(pg_catalog.<) 1
+                         OR pg_catalog.octet_length(u.k) OPERATOR(pg_catalog.>) 255) THEN
+        PERFORM @extschema@.idem_sql_batch_keys(keys);
+    END IF;
     lower_ := coalesce(pg_catalog.array_lower(keys, 1), 1);
     n := coalesce(pg_catalog.cardinality(keys), 0);
-    PERFORM @extschema@.idem_sql_check_scope(scope);
-    PERFORM @extschema@.idem_sql_per_key(requests, 'requests', n);
-    PERFORM @extschema@.idem_sql_per_key(fingerprints, 'fingerprints', n);
+    IF scope IS NULL OR pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 255 THEN
+        PERFORM @extschema@.idem_sql_check_scope(scope);
+    END IF;
+    IF requests IS NOT NULL AND (pg_catalog.array_ndims(requests) OPERATOR(pg_catalog.>) 1
+                                 OR pg_catalog.cardinality(requests) OPERATOR(pg_catalog.<>) n) THEN
+        PERFORM @extschema@.idem_sql_per_key(requests, 'requests', n);
+    END IF;
     IF fingerprints IS NOT NULL THEN
+        PERFORM @extschema@.idem_sql_per_key(fingerprints, 'fingerprints', n);
         -- the first element of a wrong length raises
         PERFORM @extschema@.idem_sql_check_fingerprint(f.fp, (f.i OPERATOR(pg_catalog.+) pg_catalog.array_lower(fingerprints, 1) OPERATOR(pg_catalog.-) 1)::integer)
            FROM (SELECT u.fp, u.i FROM pg_catalog.unnest(fingerprints) WITH ORDINALITY AS u(fp, i)
                   WHERE pg_catalog.length(u.fp) OPERATOR(pg_catalog.<) 1 OR pg_catalog.length(u.fp) OPERATOR(pg_catalog.>) 64
                   ORDER BY u.i LIMIT 1) AS f;
     END IF;
-    IF ttl IS NOT NULL THEN
-        PERFORM @extschema@.idem_sql_duration_end(pg_catalog.clock_timestamp(), ttl, 'ttl');
+    IF ttl IS NOT NULL OR lease IS NOT NULL THEN
+        now_ := pg_catalog.clock_timestamp();
+        IF ttl IS NOT NULL AND NOT @extschema@.idem_sql_end_ok(now_, ttl) THEN
+            PERFORM @extschema@.idem_sql_duration_end(now_, ttl, 'ttl');
+        END IF;
+        IF lease IS NOT NULL AND NOT @extschema@.idem_sql_end_ok(now_, lease) THEN
+            PERFORM @extschema@.idem_sql_duration_end(now_, lease, 'lease');
+        END IF;
     END IF;
-    IF lease IS NOT NULL THEN
-        PERFORM @extschema@.idem_sql_duration_end(pg_catalog.clock_timestamp(), lease, 'lease');
+    IF wait IS NOT NULL THEN
+        deadline := @extschema@.idem_sql_deadline(wait);
     END IF;
-    deadline := @extschema@.idem_sql_deadline(wait);
-    PERFORM @extschema@.idem_sql_not_null(applied, 'applied');
+    IF applied IS NULL THEN
+        PERFORM @extschema@.idem_sql_not_null(applied, 'applied');
+    END IF;
     IF n OPERATOR(pg_catalog.=) 0 THEN
         RETURN;
     END IF;
-    PERFORM @extschema@.idem_sql_may('idem_claim_batch()', '{SELECT,INSERT,UPDATE}');
+    IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'SELECT')
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'INSERT')
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'UPDATE') THEN
+        PERFORM @extschema@.idem_sql_may('idem_claim_batch()', '{SELECT,INSERT,UPDATE}');
+    END IF;
     -- Every element with the fingerprint idem_claim would store for it (idem_sql_fingerprint's
     -- fast case inline, as in idem_claim: a call per key costs more) and, for a key stored by 1.1
     -- (§9.6), its request when no fingerprint was given; sorted by key, each repeat after the one
@@ -628,18 +653,35 @@ DECLARE
     finished integer[];
     now_     timestamptz;
     tids     tid[];
-    ln       bigint[];
     latt     integer[];
     lresp    jsonb[];
+    done_keys text[];
 BEGIN
-    PERFORM @extschema@.idem_sql_batch_keys(keys);
+    -- the usual arguments pass in simple tests, in argument order (as in idem_claim_batch)
+    IF keys IS NULL OR pg_catalog.array_ndims(keys) OPERATOR(pg_catalog.>) 1
+       OR pg_catalog.current_setting('idempotency.max_key_length', true) OPERATOR(pg_catalog.<>) ''
+       OR EXISTS (SELECT FROM pg_catalog.unnest(keys) AS u(k)
+                   WHERE u.k IS NULL OR u.k OPERATOR(pg_catalog.~) '[^ -~]' OR pg_catalog.octet_length(u.k) OPERATOR(pg_catalog.<) 1
+                         OR pg_catalog.octet_length(u.k) OPERATOR(pg_catalog.>) 255) THEN
+        PERFORM @extschema@.idem_sql_batch_keys(keys);
+    END IF;
     lower_ := coalesce(pg_catalog.array_lower(keys, 1), 1);
     n := coalesce(pg_catalog.cardinality(keys), 0);
-    PERFORM @extschema@.idem_sql_check_scope(scope);
-    PERFORM @extschema@.idem_sql_per_key(attempts, 'attempts', n);
-    PERFORM @extschema@.idem_sql_per_key(responses, 'responses', n);
-    PERFORM @extschema@.idem_sql_not_null(response_code, 'response_code');
-    IF ttl IS NOT NULL THEN
+    IF scope IS NULL OR pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 255 THEN
+        PERFORM @extschema@.idem_sql_check_scope(scope);
+    END IF;
+    IF attempts IS NOT NULL AND (pg_catalog.array_ndims(attempts) OPERATOR(pg_catalog.>) 1
+                                 OR pg_catalog.cardinality(attempts) OPERATOR(pg_catalog.<>) n) THEN
+        PERFORM @extschema@.idem_sql_per_key(attempts, 'attempts', n);
+    END IF;
+    IF responses IS NOT NULL AND (pg_catalog.array_ndims(responses) OPERATOR(pg_catalog.>) 1
+                                  OR pg_catalog.cardinality(responses) OPERATOR(pg_catalog.<>) n) THEN
+        PERFORM @extschema@.idem_sql_per_key(responses, 'responses', n);
+    END IF;
+    IF response_code IS NULL THEN
+        PERFORM @extschema@.idem_sql_not_null(response_code, 'response_code');
+    END IF;
+    IF ttl IS NOT NULL AND NOT @extschema@.idem_sql_end_ok(pg_catalog.clock_timestamp(), ttl) THEN
         PERFORM @extschema@.idem_sql_duration_end(pg_catalog.clock_timestamp(), ttl, 'ttl');
     END IF;
     IF n OPERATOR(pg_catalog.=) 0 THEN
@@ -660,7 +702,12 @@ BEGIN
                                              lower_ OPERATOR(pg_catalog.+) e.first_i OPERATOR(pg_catalog.-) 1,
                                              lower_ OPERATOR(pg_catalog.+) e.next_i OPERATOR(pg_catalog.-) 1);
     END LOOP;
-    PERFORM @extschema@.idem_sql_may('idem_complete_batch()', '{SELECT,INSERT,UPDATE}');
+    IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'SELECT')
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'INSERT')
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'UPDATE') THEN
+        PERFORM @extschema@.idem_sql_may('idem_complete_batch()', '{SELECT,INSERT,UPDATE}');
+    END IF;
     IF attempts IS NOT NULL THEN
         attempts := ARRAY(SELECT u.x FROM pg_catalog.unnest(attempts) WITH ORDINALITY AS u(x, i) ORDER BY u.i);
     END IF;
@@ -680,9 +727,8 @@ BEGIN
         -- order by one statement, so that overlapping batches wait for each other as the loop's
         -- updates would; then one UPDATE finishes the keys that qualify as idem_sql_finish_key's
         -- would, on the versions now locked.
-        SELECT pg_catalog.array_agg(l.t), pg_catalog.array_agg(l.n), pg_catalog.array_agg(l.att),
-               pg_catalog.array_agg(l.resp)
-          INTO tids, ln, latt, lresp
+        SELECT pg_catalog.array_agg(l.t), pg_catalog.array_agg(l.att), pg_catalog.array_agg(l.resp)
+          INTO tids, latt, lresp
           FROM (SELECT r.t, d.n, d.att, d.resp
                   FROM ROWS FROM (pg_catalog.unnest(dk), pg_catalog.unnest(datt), pg_catalog.unnest(dresp))
                        WITH ORDINALITY AS d(k, att, resp, n)
@@ -693,25 +739,28 @@ BEGIN
                           FOR NO KEY UPDATE) AS r
                  ORDER BY d.n) AS l;
         -- (A lateral look-up per key, in the keys' order, locks each row as it is found: a join
-        -- could scan the scope's rows instead. The UPDATE goes by the locked versions' ctid, which
-        -- makes it a TID scan whatever the table's statistics say.)
+        -- could scan the scope's rows instead. The UPDATE finds the locked versions by ctid, a TID
+        -- scan, and each one's values by its place in the arrays: a join with the arrays would
+        -- leave the plan to statistics, which a growing table does not have yet.)
         WITH u AS (
             UPDATE @extschema@.idem_keys AS k
-               SET state = 'succeeded'::@extschema@.idem_state, response = l.resp, response_code = response_code,
+               SET state = 'succeeded'::@extschema@.idem_state,
+                   response = lresp[pg_catalog.array_position(tids, k.ctid)], response_code = response_code,
                    response_body = NULL, response_headers = NULL, retryable = NULL,
                    completed_at = now_, locked_until = NULL,
                    expires_at = coalesce(now_ OPERATOR(pg_catalog.+) ttl, k.expires_at)
-              FROM ROWS FROM (pg_catalog.unnest(tids), pg_catalog.unnest(ln), pg_catalog.unnest(latt),
-                              pg_catalog.unnest(lresp)) AS l(t, n, att, resp)
-             WHERE k.ctid OPERATOR(pg_catalog.=) ANY (tids) AND k.ctid OPERATOR(pg_catalog.=) l.t
+             WHERE k.ctid OPERATOR(pg_catalog.=) ANY (tids)
                AND k.state OPERATOR(pg_catalog.=) 'pending'::@extschema@.idem_state
-               AND (l.att IS NULL OR k.attempt OPERATOR(pg_catalog.=) l.att)
+               AND (latt[pg_catalog.array_position(tids, k.ctid)] IS NULL
+                    OR k.attempt OPERATOR(pg_catalog.=) latt[pg_catalog.array_position(tids, k.ctid)])
                AND (k.expires_at OPERATOR(pg_catalog.>) now_ OR k.locked_until OPERATOR(pg_catalog.>) now_)
-            RETURNING l.n)
-        SELECT pg_catalog.array_agg(u.n::integer) INTO finished FROM u;
-        IF coalesce(pg_catalog.cardinality(finished), 0) OPERATOR(pg_catalog.=) n THEN
+            RETURNING k.key)
+        SELECT pg_catalog.array_agg(u.key) INTO done_keys FROM u;
+        IF coalesce(pg_catalog.cardinality(done_keys), 0) OPERATOR(pg_catalog.=) n THEN
             RETURN n;
         END IF;
+        finished := ARRAY(SELECT d.n::integer FROM pg_catalog.unnest(dk) WITH ORDINALITY AS d(k, n)
+                           WHERE (d.k COLLATE pg_catalog."C") OPERATOR(pg_catalog.=) ANY (done_keys));
         -- The first key in key order that did not qualify gets what idem_sql_finish_key makes of
         -- it: its error, as the loop raises it first (undoing the batch). Should it qualify now
         -- (a key absent from the lock's read, written since), the keys after it are finished
