@@ -656,6 +656,7 @@ DECLARE
     latt     integer[];
     lresp    jsonb[];
     done_keys text[];
+    places   jsonb;
 BEGIN
     -- the usual arguments pass in simple tests, in argument order (as in idem_claim_batch)
     IF keys IS NULL OR pg_catalog.array_ndims(keys) OPERATOR(pg_catalog.>) 1
@@ -739,20 +740,25 @@ BEGIN
                           FOR NO KEY UPDATE) AS r
                  ORDER BY d.n) AS l;
         -- (A lateral look-up per key, in the keys' order, locks each row as it is found: a join
-        -- could scan the scope's rows instead. The UPDATE finds the locked versions by ctid, a TID
-        -- scan, and each one's values by its place in the arrays: a join with the arrays would
-        -- leave the plan to statistics, which a growing table does not have yet.)
+        -- could scan the scope's rows instead. The UPDATE finds the locked versions by ctid and
+        -- each one's values by its place in the arrays, looked up in a jsonb object: a join with
+        -- the arrays would leave the plan to statistics, which a growing table does not have yet,
+        -- and array_position() would cost a batch the square of its size.)
+        places := (SELECT pg_catalog.jsonb_object_agg(l.t::text, l.i)
+                     FROM pg_catalog.unnest(tids) WITH ORDINALITY AS l(t, i));
         WITH u AS (
             UPDATE @extschema@.idem_keys AS k
                SET state = 'succeeded'::@extschema@.idem_state,
-                   response = lresp[pg_catalog.array_position(tids, k.ctid)], response_code = response_code,
+                   response = lresp[(places OPERATOR(pg_catalog.->>) k.ctid::text)::integer],
+                   response_code = response_code,
                    response_body = NULL, response_headers = NULL, retryable = NULL,
                    completed_at = now_, locked_until = NULL,
                    expires_at = coalesce(now_ OPERATOR(pg_catalog.+) ttl, k.expires_at)
              WHERE k.ctid OPERATOR(pg_catalog.=) ANY (tids)
                AND k.state OPERATOR(pg_catalog.=) 'pending'::@extschema@.idem_state
-               AND (latt[pg_catalog.array_position(tids, k.ctid)] IS NULL
-                    OR k.attempt OPERATOR(pg_catalog.=) latt[pg_catalog.array_position(tids, k.ctid)])
+               AND (attempts IS NULL
+                    OR latt[(places OPERATOR(pg_catalog.->>) k.ctid::text)::integer] IS NULL
+                    OR k.attempt OPERATOR(pg_catalog.=) latt[(places OPERATOR(pg_catalog.->>) k.ctid::text)::integer])
                AND (k.expires_at OPERATOR(pg_catalog.>) now_ OR k.locked_until OPERATOR(pg_catalog.>) now_)
             RETURNING k.key)
         SELECT pg_catalog.array_agg(u.key) INTO done_keys FROM u;
