@@ -24,6 +24,7 @@
 --       (columns, types, indexes, storage parameters: bench/workloads/claim_insert.sql), and a
 --       plain primary-key SELECT of the same row of idem_keys itself
 --       (bench/workloads/replay_select.sql).
+--   ref.claim_batch_a / ref.complete_batch_a: (a) for batches, set-based (below (a)).
 --   ref.reap_all: the hand-written batched DELETE ... USING (SELECT ctid ... FOR UPDATE SKIP
 --       LOCKED) loop, committing after each batch, to compare with CALL idem_reap_all().
 
@@ -193,6 +194,88 @@ BEGIN
     ELSE
         RAISE EXCEPTION 'idempotency key "%" is not pending', p_key USING ERRCODE = 'IK004';
     END IF;
+END
+$$;
+
+-- (a) for batches: ref.claim_batch_a / ref.complete_batch_a, set-based as a careful author would
+-- write them for a batch of new or finished keys: one INSERT ... SELECT ... ORDER BY key ON
+-- CONFLICT DO NOTHING (rows inserted in key order, so overlapping batches do not deadlock) and one
+-- read of the keys it did not insert; complete: the rows locked in key order (a look-up per key),
+-- then one UPDATE of them by ctid.
+-- Takeovers, expiry and refused fingerprints are left out (the batch workloads have none), which
+-- only makes the reference faster.
+CREATE FUNCTION ref.claim_batch_a(
+    p_keys     text[],
+    p_requests jsonb[],
+    p_scope    text DEFAULT '',
+    p_ttl      interval DEFAULT '1 day',
+    p_lease    interval DEFAULT '1 minute')
+RETURNS TABLE (key text, outcome text, inserted boolean, attempt integer, state text,
+               response jsonb, response_code integer, expires_at timestamptz)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    RETURN QUERY
+    WITH req AS (
+        SELECT u.k, sha256(convert_to(p_scope, 'UTF8') || '\x00'::bytea
+                           || convert_to(u.r::text, 'UTF8')) AS fp
+          FROM unnest(p_keys, p_requests) AS u(k, r)),
+    ins AS (
+        INSERT INTO ref.keys_a AS t
+               (scope, key, state, attempt, fingerprint, created_at, locked_until, expires_at)
+        SELECT p_scope, req.k, 'pending', 1, req.fp, v_now, v_now + p_lease, v_now + p_ttl
+          FROM req ORDER BY req.k COLLATE "C"
+        ON CONFLICT DO NOTHING
+        RETURNING t.key, t.attempt, t.expires_at)
+    SELECT ins.key, 'claimed'::text, true, ins.attempt, 'pending'::text, NULL::jsonb, NULL::integer,
+           ins.expires_at
+      FROM ins
+    UNION ALL
+    SELECT t.key, CASE WHEN t.state = 'succeeded' OR (t.state = 'failed' AND NOT t.retryable)
+                       THEN 'replay' ELSE 'in_progress' END,
+           false, t.attempt, t.state, t.response, t.response_code, t.expires_at
+      FROM req JOIN ref.keys_a AS t ON t.scope = p_scope AND t.key = req.k
+     WHERE NOT EXISTS (SELECT FROM ins WHERE ins.key = req.k)
+    ORDER BY 1;
+END
+$$;
+
+CREATE FUNCTION ref.complete_batch_a(
+    p_keys      text[],
+    p_responses jsonb[],
+    p_code      integer DEFAULT 200,
+    p_scope     text DEFAULT '')
+RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_now   timestamptz := clock_timestamp();
+    v_tids  tid[];
+    v_resps jsonb[];
+    n       bigint;
+BEGIN
+    -- each key's row locked in key order (one index look-up per key), with its response
+    SELECT array_agg(l.tid), array_agg(l.r) INTO v_tids, v_resps
+      FROM (SELECT x.tid, u.r
+              FROM (SELECT u.k, u.r FROM unnest(p_keys, p_responses) AS u(k, r)
+                     ORDER BY u.k COLLATE "C") AS u
+             CROSS JOIN LATERAL (SELECT t.ctid AS tid FROM ref.keys_a AS t
+                                  WHERE t.scope = p_scope AND t.key = u.k
+                                    FOR UPDATE) AS x) AS l;
+    -- then updated by ctid, each row's response found by its place (a join with the arrays
+    -- would leave the plan to statistics, which a growing table does not have yet)
+    UPDATE ref.keys_a AS t
+       SET state = 'succeeded', response = v_resps[array_position(v_tids, t.ctid)],
+           response_code = p_code, completed_at = v_now, locked_until = NULL, retryable = NULL
+     WHERE t.ctid = ANY (v_tids) AND t.state = 'pending';
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n <> cardinality(p_keys) THEN
+        RAISE EXCEPTION 'a key of the batch is not pending' USING ERRCODE = 'IK004';
+    END IF;
+    RETURN n;
 END
 $$;
 

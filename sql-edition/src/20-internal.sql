@@ -751,7 +751,9 @@ END
 $fn$;
 
 -- docs/contract.md §11: the batch's "keys": not NULL, one-dimensional, every element a key (§4),
--- an error naming the element by its subscript.
+-- an error naming the element by its subscript. One statement finds the first element that is not
+-- a key as idem_claim's own quick test does; idem_sql_check_key then raises what is wrong with it
+-- (and checks every element when idempotency.max_key_length is set).
 CREATE FUNCTION @extschema@.idem_sql_batch_keys(keys text[])
 RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -762,6 +764,18 @@ DECLARE
     i      integer := 0;
 BEGIN
     PERFORM @extschema@.idem_sql_batch_array(keys, 'keys');
+    IF coalesce(pg_catalog.current_setting('idempotency.max_key_length', true), '') OPERATOR(pg_catalog.=) '' THEN
+        SELECT u.i OPERATOR(pg_catalog.-) 1 INTO i
+          FROM pg_catalog.unnest(keys) WITH ORDINALITY AS u(k, i)
+         WHERE u.k IS NULL OR u.k OPERATOR(pg_catalog.~) '[^ -~]' OR pg_catalog.octet_length(u.k) OPERATOR(pg_catalog.<) 1
+               OR pg_catalog.octet_length(u.k) OPERATOR(pg_catalog.>) 255
+         ORDER BY u.i
+         LIMIT 1;
+        IF FOUND THEN
+            PERFORM @extschema@.idem_sql_check_key(keys[lower_ OPERATOR(pg_catalog.+) i], 'keys', lower_ OPERATOR(pg_catalog.+) i);
+        END IF;
+        RETURN;
+    END IF;
     FOREACH k IN ARRAY keys LOOP
         PERFORM @extschema@.idem_sql_check_key(k, 'keys', lower_ OPERATOR(pg_catalog.+) i);
         i := i OPERATOR(pg_catalog.+) 1;

@@ -330,7 +330,8 @@ $fn$;
 
 -- docs/contract.md §11: every key of one scope claimed by idem_claim's rules, in the primary
 -- key's order (so overlapping batches never deadlock), one row per distinct key. The arguments are
--- checked set-wise before any key is read; the keys then go to the same rules as idem_claim.
+-- checked set-wise before any key is read; the keys are then read, inserted and answered set-wise
+-- where that decides as idem_claim would, and go one by one to idem_claim's rules otherwise.
 CREATE FUNCTION @extschema@.idem_claim_batch(
     keys         text[],
     scope        text DEFAULT '',
@@ -357,76 +358,289 @@ DECLARE
     lower_   integer;
     n        integer;
     deadline timestamptz;
-    fps      bytea[];
-    e        record;
     res      @extschema@.idem_claim_result;
+    m        integer;
+    bad_key  text;
+    bad_first bigint;
+    bad_next bigint;
+    dk       text[];
+    dfp      bytea[];
+    dreq     jsonb[];
+    kinds    text[];
+    answers  @extschema@.idem_claim_result[];
+    slow     integer[];
+    run_from integer;
+    run_end  integer;
+    nnew     integer;
+    got      bigint;
+    run_ok   boolean;
+    set_ok   boolean := false;
+    own_xid  boolean;
+    now_     timestamptz;
+    expires  timestamptz;
+    until_   timestamptz;
+    new_state @extschema@.idem_state;
 BEGIN
-    PERFORM @extschema@.idem_sql_batch_keys(keys);
+    -- The usual arguments pass in simple tests, in argument order; anything else goes to the
+    -- checks that name what is wrong (a call each costs a batch more than several tests).
+    IF keys IS NULL OR pg_catalog.array_ndims(keys) OPERATOR(pg_catalog.>) 1
+       OR pg_catalog.current_setting('idempotency.max_key_length', true) OPERATOR(pg_catalog.<>) ''
+       OR EXISTS (SELECT FROM pg_catalog.unnest(keys) AS u(k)
+                   WHERE u.k IS NULL OR u.k OPERATOR(pg_catalog.~) '[^ -~]' OR pg_catalog.octet_length(u.k) OPERATOR(pg_catalog.<) 1
+                         OR pg_catalog.octet_length(u.k) OPERATOR(pg_catalog.>) 255) THEN
+        PERFORM @extschema@.idem_sql_batch_keys(keys);
+    END IF;
     lower_ := coalesce(pg_catalog.array_lower(keys, 1), 1);
     n := coalesce(pg_catalog.cardinality(keys), 0);
-    PERFORM @extschema@.idem_sql_check_scope(scope);
-    PERFORM @extschema@.idem_sql_per_key(requests, 'requests', n);
-    PERFORM @extschema@.idem_sql_per_key(fingerprints, 'fingerprints', n);
+    IF scope IS NULL OR pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 255 THEN
+        PERFORM @extschema@.idem_sql_check_scope(scope);
+    END IF;
+    IF requests IS NOT NULL AND (pg_catalog.array_ndims(requests) OPERATOR(pg_catalog.>) 1
+                                 OR pg_catalog.cardinality(requests) OPERATOR(pg_catalog.<>) n) THEN
+        PERFORM @extschema@.idem_sql_per_key(requests, 'requests', n);
+    END IF;
     IF fingerprints IS NOT NULL THEN
+        PERFORM @extschema@.idem_sql_per_key(fingerprints, 'fingerprints', n);
+        -- the first element of a wrong length raises
         PERFORM @extschema@.idem_sql_check_fingerprint(f.fp, (f.i OPERATOR(pg_catalog.+) pg_catalog.array_lower(fingerprints, 1) OPERATOR(pg_catalog.-) 1)::integer)
-           FROM pg_catalog.unnest(fingerprints) WITH ORDINALITY AS f(fp, i);
+           FROM (SELECT u.fp, u.i FROM pg_catalog.unnest(fingerprints) WITH ORDINALITY AS u(fp, i)
+                  WHERE pg_catalog.length(u.fp) OPERATOR(pg_catalog.<) 1 OR pg_catalog.length(u.fp) OPERATOR(pg_catalog.>) 64
+                  ORDER BY u.i LIMIT 1) AS f;
     END IF;
-    IF ttl IS NOT NULL THEN
-        PERFORM @extschema@.idem_sql_duration_end(pg_catalog.clock_timestamp(), ttl, 'ttl');
+    IF ttl IS NOT NULL OR lease IS NOT NULL THEN
+        now_ := pg_catalog.clock_timestamp();
+        IF ttl IS NOT NULL AND NOT @extschema@.idem_sql_end_ok(now_, ttl) THEN
+            PERFORM @extschema@.idem_sql_duration_end(now_, ttl, 'ttl');
+        END IF;
+        IF lease IS NOT NULL AND NOT @extschema@.idem_sql_end_ok(now_, lease) THEN
+            PERFORM @extschema@.idem_sql_duration_end(now_, lease, 'lease');
+        END IF;
     END IF;
-    IF lease IS NOT NULL THEN
-        PERFORM @extschema@.idem_sql_duration_end(pg_catalog.clock_timestamp(), lease, 'lease');
+    IF wait IS NOT NULL THEN
+        deadline := @extschema@.idem_sql_deadline(wait);
     END IF;
-    deadline := @extschema@.idem_sql_deadline(wait);
-    PERFORM @extschema@.idem_sql_not_null(applied, 'applied');
+    IF applied IS NULL THEN
+        PERFORM @extschema@.idem_sql_not_null(applied, 'applied');
+    END IF;
     IF n OPERATOR(pg_catalog.=) 0 THEN
         RETURN;
     END IF;
-    PERFORM @extschema@.idem_sql_may('idem_claim_batch()', '{SELECT,INSERT,UPDATE}');
-    -- from here on every array is subscripted from 1, element i of each belonging to key i
-    keys := ARRAY(SELECT u.x FROM pg_catalog.unnest(keys) WITH ORDINALITY AS u(x, i) ORDER BY u.i);
-    IF requests IS NOT NULL THEN
-        requests := ARRAY(SELECT u.x FROM pg_catalog.unnest(requests) WITH ORDINALITY AS u(x, i) ORDER BY u.i);
+    IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'SELECT')
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'INSERT')
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'UPDATE') THEN
+        PERFORM @extschema@.idem_sql_may('idem_claim_batch()', '{SELECT,INSERT,UPDATE}');
     END IF;
-    IF fingerprints IS NOT NULL THEN
-        fingerprints := ARRAY(SELECT u.x FROM pg_catalog.unnest(fingerprints) WITH ORDINALITY AS u(x, i) ORDER BY u.i);
-    END IF;
-
-    -- each key's fingerprint as idem_claim would store it, then repeats: one key, unless their
-    -- fingerprints differ (IK001, naming both elements, before anything is written)
-    fps := ARRAY(SELECT coalesce(fingerprints[i],
-                        CASE WHEN requests[i] IS NOT NULL
-                             THEN @extschema@.idem_sql_fingerprint(scope,
-                                      requests[i], true) END)
-                   FROM pg_catalog.generate_series(1, n) AS i ORDER BY i);
-    FOR e IN
-        SELECT d.k, d.first_i, d.next_i FROM (  -- each repeat against the one before it, as C does
-            SELECT a.k, pg_catalog.lag(a.i) OVER w AS first_i, a.i AS next_i, pg_catalog.lag(a.fp) OVER w AS first_fp, a.fp AS next_fp
-              FROM ROWS FROM (pg_catalog.unnest(keys), pg_catalog.unnest(fps)) WITH ORDINALITY AS a(k, fp, i)
-            WINDOW w AS (PARTITION BY (a.k COLLATE pg_catalog."C") ORDER BY a.i)) AS d
-         WHERE d.first_i IS NOT NULL AND CASE WHEN d.first_fp IS NULL THEN d.next_fp IS NOT NULL WHEN d.next_fp IS NULL THEN true
-                    ELSE NOT d.first_fp OPERATOR(pg_catalog.=) d.next_fp END
-         ORDER BY (d.k COLLATE pg_catalog."C"), d.next_i
-         LIMIT 1
-    LOOP
-        RAISE EXCEPTION 'idempotency key "%" appears twice in argument "keys" with different requests', e.k
-            USING ERRCODE = 'IK001', COLUMN = e.k,
+    -- Every element with the fingerprint idem_claim would store for it (idem_sql_fingerprint's
+    -- fast case inline, as in idem_claim: a call per key costs more) and, for a key stored by 1.1
+    -- (§9.6), its request when no fingerprint was given; sorted by key, each repeat after the one
+    -- before it. The distinct keys in that order are what the batch claims; a repeat whose
+    -- fingerprint differs from the one before it is IK001, the first in that order (as C does),
+    -- before anything is written.
+    SELECT pg_catalog.array_agg(d.k) FILTER (WHERE d.prev_i IS NULL),
+           pg_catalog.array_agg(d.fp) FILTER (WHERE d.prev_i IS NULL),
+           pg_catalog.array_agg(d.rq) FILTER (WHERE d.prev_i IS NULL),
+           (pg_catalog.array_agg(d.k) FILTER (WHERE d.refused))[1],
+           (pg_catalog.array_agg(d.prev_i) FILTER (WHERE d.refused))[1],
+           (pg_catalog.array_agg(d.i) FILTER (WHERE d.refused))[1]
+      INTO dk, dfp, dreq, bad_key, bad_first, bad_next
+      FROM (SELECT e.k, e.fp, e.rq, e.i, pg_catalog.lag(e.i) OVER w AS prev_i,
+                   pg_catalog.lag(e.i) OVER w IS NOT NULL
+                   AND CASE WHEN pg_catalog.lag(e.fp) OVER w IS NULL THEN e.fp IS NOT NULL
+                            WHEN e.fp IS NULL THEN true
+                            ELSE NOT pg_catalog.lag(e.fp) OVER w OPERATOR(pg_catalog.=) e.fp END AS refused
+              FROM (SELECT a.k, a.i, CASE WHEN a.f IS NULL THEN a.r END AS rq,
+                           coalesce(a.f,
+                               CASE WHEN a.r IS NULL THEN NULL
+                                    WHEN a.r::text OPERATOR(pg_catalog.~) '\.[0-9]*0([^0-9]|$)'
+                                    THEN @extschema@.idem_sql_fingerprint(scope, a.r, true)
+                                    ELSE pg_catalog.sha256(pg_catalog.convert_to(scope, pg_catalog.getdatabaseencoding())
+                                             OPERATOR(pg_catalog.||) '\x00'::bytea
+                                             OPERATOR(pg_catalog.||) pg_catalog.convert_to(a.r::text, pg_catalog.getdatabaseencoding())) END) AS fp
+                      FROM ROWS FROM (pg_catalog.unnest(keys), pg_catalog.unnest(requests), pg_catalog.unnest(fingerprints))
+                           WITH ORDINALITY AS a(k, r, f, i)) AS e
+            WINDOW w AS (PARTITION BY (e.k COLLATE pg_catalog."C") ORDER BY e.i)
+             ORDER BY (e.k COLLATE pg_catalog."C"), e.i) AS d;
+    IF bad_key IS NOT NULL THEN
+        RAISE EXCEPTION 'idempotency key "%" appears twice in argument "keys" with different requests', bad_key
+            USING ERRCODE = 'IK001', COLUMN = bad_key,
                   DETAIL = pg_catalog.format('keys[%s] and keys[%s] are the same key.',
-                                             lower_ OPERATOR(pg_catalog.+) e.first_i OPERATOR(pg_catalog.-) 1,
-                                             lower_ OPERATOR(pg_catalog.+) e.next_i OPERATOR(pg_catalog.-) 1);
-    END LOOP;
+                                             lower_ OPERATOR(pg_catalog.+) bad_first OPERATOR(pg_catalog.-) 1,
+                                             lower_ OPERATOR(pg_catalog.+) bad_next OPERATOR(pg_catalog.-) 1);
+    END IF;
+    m := pg_catalog.cardinality(dk);
 
-    FOR e IN
-        SELECT DISTINCT ON (a.k COLLATE pg_catalog."C") a.k, a.fp, a.i,
-               requests[a.i] AS request
-          FROM ROWS FROM (pg_catalog.unnest(keys), pg_catalog.unnest(fps)) WITH ORDINALITY AS a(k, fp, i)
-         ORDER BY (a.k COLLATE pg_catalog."C"), a.i
-    LOOP
-        res := @extschema@.idem_sql_claim_key(scope, e.k, e.fp,
-                   CASE WHEN fingerprints IS NULL OR fingerprints[e.i] IS NULL
-                        THEN e.request END,
-                   ttl, lease, deadline, applied, true);
-        key := e.k;
+    -- Set-wise at READ COMMITTED without `wait` (docs/editions.md, "How batches are built"): one
+    -- read of every key's latest committed version; keys it decides without a write (absent:
+    -- inserted; a replay; a live lease) are handled together, the others ("slow": a version
+    -- being written, this transaction's own, expired, a fingerprint to compare by 1.1's rule or
+    -- refused, a takeover) one by one by idem_sql_claim_key. Everything still happens in key
+    -- order: a run of keys between two slow keys is inserted by one INSERT in key order, then
+    -- the slow key is claimed, and so on.
+    IF deadline IS NULL
+       AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
+        now_ := pg_catalog.clock_timestamp();
+        set_ok := (ttl IS NULL OR @extschema@.idem_sql_end_ok(now_, ttl))
+                  AND (lease IS NULL OR applied OR @extschema@.idem_sql_end_ok(now_, lease));
+        IF set_ok THEN
+            -- the ends a new key gets, as idem_sql_claim_key computes them; a setting it would
+            -- refuse sends the batch to the loop, which raises it where the loop first writes
+            BEGIN
+                expires := CASE WHEN ttl IS NOT NULL THEN now_ OPERATOR(pg_catalog.+) ttl
+                                WHEN coalesce(pg_catalog.current_setting('idempotency.default_ttl', true), '') OPERATOR(pg_catalog.=) ''
+                                THEN now_ OPERATOR(pg_catalog.+) '86400 seconds'::interval
+                                ELSE now_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
+                                         @extschema@.idem_sql_setting('idempotency.default_ttl', 86400, 1, 2147483647, 's')) END;
+                until_ := CASE WHEN applied THEN NULL
+                               WHEN lease IS NOT NULL THEN now_ OPERATOR(pg_catalog.+) lease
+                               WHEN coalesce(pg_catalog.current_setting('idempotency.default_lease', true), '') OPERATOR(pg_catalog.=) ''
+                               THEN now_ OPERATOR(pg_catalog.+) '60 seconds'::interval
+                               ELSE now_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
+                                        @extschema@.idem_sql_setting('idempotency.default_lease', 60000, 1, 2147483647, 'ms')
+                                        OPERATOR(pg_catalog./) 1000.0) END;
+            EXCEPTION WHEN invalid_parameter_value THEN
+                set_ok := false;
+            END;
+        END IF;
+    END IF;
+    IF set_ok THEN
+        new_state := CASE WHEN applied THEN 'succeeded'::@extschema@.idem_state ELSE 'pending'::@extschema@.idem_state END;
+        own_xid := pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL;
+        -- idem_sql_claim_key's decisions (§2 steps 2 to 6, §9.1) on what this one read sees
+        SELECT pg_catalog.array_agg(p.kind), pg_catalog.array_agg(p.res) INTO kinds, answers
+          FROM (SELECT c.kind,
+                       CASE c.kind
+                       WHEN 'new' THEN ROW('claimed', true, 1, new_state, NULL, NULL, NULL, expires,
+                                           NULL, NULL, NULL)::@extschema@.idem_claim_result
+                       WHEN 'replay' THEN ROW('replay', false, c.attempt, c.state, c.response, c.response_code,
+                                              NULL, c.expires_at, NULL, NULL, NULL)::@extschema@.idem_claim_result
+                       WHEN 'in_progress' THEN ROW('in_progress', false, c.attempt, c.state, c.response, c.response_code,
+                                                   c.locked_until OPERATOR(pg_catalog.-) now_, c.expires_at,
+                                                   least(greatest(pg_catalog.ceil(EXTRACT(epoch FROM c.locked_until OPERATOR(pg_catalog.-) now_)), 1),
+                                                         2147483647)::integer,
+                                                   NULL, NULL)::@extschema@.idem_claim_result
+                       END AS res
+                  FROM (SELECT d.n, k.attempt, k.state, k.response, k.response_code, k.locked_until, k.expires_at,
+                               CASE
+                               WHEN k.key IS NULL THEN 'new'
+                               WHEN NOT k.xmax OPERATOR(pg_catalog.=) '0'::xid THEN 'slow'
+                               WHEN own_xid AND coalesce(@extschema@.idem_sql_xact_status(k.xmin) OPERATOR(pg_catalog.=) 'in progress', false) THEN 'slow'
+                               WHEN k.expires_at OPERATOR(pg_catalog.<=) now_
+                                    AND NOT (k.state OPERATOR(pg_catalog.=) 'pending'::@extschema@.idem_state
+                                             AND k.locked_until OPERATOR(pg_catalog.>) now_) THEN 'slow'
+                               WHEN CASE WHEN k.fingerprint IS NULL THEN d.fp IS NOT NULL
+                                         WHEN d.fp IS NULL THEN true
+                                         ELSE NOT k.fingerprint OPERATOR(pg_catalog.=) d.fp END THEN 'slow'
+                               WHEN k.state OPERATOR(pg_catalog.=) 'succeeded'::@extschema@.idem_state
+                                    OR (k.state OPERATOR(pg_catalog.=) 'failed'::@extschema@.idem_state
+                                        AND NOT coalesce(k.retryable, false)) THEN 'replay'
+                               WHEN k.state OPERATOR(pg_catalog.=) 'pending'::@extschema@.idem_state
+                                    AND k.locked_until OPERATOR(pg_catalog.>) now_ THEN 'in_progress'
+                               ELSE 'slow'
+                               END AS kind
+                          FROM ROWS FROM (pg_catalog.unnest(dk), pg_catalog.unnest(dfp)) WITH ORDINALITY AS d(k, fp, n)
+                          -- one look-up per key (a join could scan the whole scope)
+                          LEFT JOIN LATERAL (
+                               SELECT v.key, v.attempt, v.state, v.response, v.response_code, v.locked_until,
+                                      v.expires_at, v.fingerprint, v.retryable, v.xmin, v.xmax
+                                 FROM @extschema@.idem_keys AS v
+                                WHERE v.scope OPERATOR(pg_catalog.=) scope
+                                  AND v.key OPERATOR(pg_catalog.=) (d.k COLLATE pg_catalog."C")
+                               OFFSET 0) AS k ON true) AS c
+                 ORDER BY c.n) AS p;
+        slow := pg_catalog.array_positions(kinds, 'slow') OPERATOR(pg_catalog.||) (m OPERATOR(pg_catalog.+) 1);
+        run_from := 1;
+        FOREACH run_end IN ARRAY slow LOOP
+            IF run_end OPERATOR(pg_catalog.>) run_from THEN
+                -- the run run_from .. run_end - 1: its new keys inserted in key order, then every row answered
+                run_ok := true;
+                nnew := pg_catalog.cardinality(pg_catalog.array_positions(kinds[run_from:run_end OPERATOR(pg_catalog.-) 1], 'new'));
+                IF nnew OPERATOR(pg_catalog.=) 1 THEN
+                    INSERT INTO @extschema@.idem_keys AS k
+                           (scope, key, state, attempt, fingerprint, created_at, expires_at, locked_until,
+                            completed_at, claimed_at)
+                    SELECT scope, u.k, new_state, 1, u.fp, now_, expires, until_,
+                           CASE WHEN applied THEN now_ END, now_
+                      FROM ROWS FROM (pg_catalog.unnest(dk[run_from:run_end OPERATOR(pg_catalog.-) 1]),
+                                      pg_catalog.unnest(dfp[run_from:run_end OPERATOR(pg_catalog.-) 1]),
+                                      pg_catalog.unnest(kinds[run_from:run_end OPERATOR(pg_catalog.-) 1])) AS u(k, fp, kind)
+                     WHERE u.kind OPERATOR(pg_catalog.=) 'new'
+                    ON CONFLICT DO NOTHING;
+                    run_ok := FOUND;
+                ELSIF nnew OPERATOR(pg_catalog.>) 1 THEN
+                    -- A key inserted meanwhile by another transaction (waited for by the insert)
+                    -- or hidden by row-level security is not inserted: then the run's insertions
+                    -- are undone and its keys claimed one by one, so that nothing after that key
+                    -- stays locked while it is claimed (the loop's lock order).
+                    BEGIN
+                        INSERT INTO @extschema@.idem_keys AS k
+                               (scope, key, state, attempt, fingerprint, created_at, expires_at, locked_until,
+                                completed_at, claimed_at)
+                        SELECT scope, u.k, new_state, 1, u.fp, now_, expires, until_,
+                               CASE WHEN applied THEN now_ END, now_
+                          FROM ROWS FROM (pg_catalog.unnest(dk[run_from:run_end OPERATOR(pg_catalog.-) 1]),
+                                          pg_catalog.unnest(dfp[run_from:run_end OPERATOR(pg_catalog.-) 1]),
+                                          pg_catalog.unnest(kinds[run_from:run_end OPERATOR(pg_catalog.-) 1])) WITH ORDINALITY AS u(k, fp, kind, n)
+                         WHERE u.kind OPERATOR(pg_catalog.=) 'new'
+                         ORDER BY u.n
+                        ON CONFLICT DO NOTHING;
+                        GET DIAGNOSTICS got = ROW_COUNT;
+                        IF got OPERATOR(pg_catalog.<>) nnew THEN
+                            RAISE SQLSTATE 'IKW01';
+                        END IF;
+                    EXCEPTION WHEN SQLSTATE 'IKW01' THEN
+                        run_ok := false;
+                    END;
+                END IF;
+                IF run_ok THEN
+                    RETURN QUERY
+                        SELECT u.k, u.outcome, u.inserted, u.attempt, u.state, u.response, u.response_code,
+                               u.retry_after_s, u.expires_at
+                          FROM ROWS FROM (pg_catalog.unnest(dk[run_from:run_end OPERATOR(pg_catalog.-) 1]),
+                                          pg_catalog.unnest(answers[run_from:run_end OPERATOR(pg_catalog.-) 1]))
+                               WITH ORDINALITY AS u(k, outcome, inserted, attempt, state, response, response_code,
+                                                    retry_after, expires_at, retry_after_s, response_body,
+                                                    response_headers, n)
+                         ORDER BY u.n;
+                ELSE
+                    FOR j IN run_from .. run_end OPERATOR(pg_catalog.-) 1 LOOP
+                        res := @extschema@.idem_sql_claim_key(scope, dk[j], dfp[j], dreq[j], ttl, lease, NULL, applied, true);
+                        key := dk[j];
+                        outcome := res.outcome;
+                        inserted := res.inserted;
+                        attempt := res.attempt;
+                        state := res.state;
+                        response := res.response;
+                        response_code := res.response_code;
+                        retry_after_s := res.retry_after_s;
+                        expires_at := res.expires_at;
+                        RETURN NEXT;
+                    END LOOP;
+                END IF;
+            END IF;
+            IF run_end OPERATOR(pg_catalog.<=) m THEN
+                res := @extschema@.idem_sql_claim_key(scope, dk[run_end], dfp[run_end], dreq[run_end], ttl, lease, NULL, applied, true);
+                key := dk[run_end];
+                outcome := res.outcome;
+                inserted := res.inserted;
+                attempt := res.attempt;
+                state := res.state;
+                response := res.response;
+                response_code := res.response_code;
+                retry_after_s := res.retry_after_s;
+                expires_at := res.expires_at;
+                RETURN NEXT;
+            END IF;
+            run_from := run_end OPERATOR(pg_catalog.+) 1;
+        END LOOP;
+        RETURN;
+    END IF;
+
+    -- one by one, in key order: with `wait` (it bounds the whole call, which idem_sql_claim_key
+    -- keeps to), under a transaction snapshot, or when a setting is refused
+    FOR j IN 1 .. m LOOP
+        res := @extschema@.idem_sql_claim_key(scope, dk[j], dfp[j], dreq[j], ttl, lease, deadline, applied, true);
+        key := dk[j];
         outcome := res.outcome;
         inserted := res.inserted;
         attempt := res.attempt;
@@ -452,19 +666,47 @@ CREATE FUNCTION @extschema@.idem_complete_batch(
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $fn$
+#variable_conflict use_variable
 DECLARE
     lower_ integer;
     n      integer;
     e      record;
+    dk       text[];
+    datt     integer[];
+    dresp    jsonb[];
+    finished integer[];
+    now_     timestamptz;
+    tids     tid[];
+    latt     integer[];
+    lresp    jsonb[];
+    done_keys text[];
+    places   jsonb;
 BEGIN
-    PERFORM @extschema@.idem_sql_batch_keys(keys);
+    -- the usual arguments pass in simple tests, in argument order (as in idem_claim_batch)
+    IF keys IS NULL OR pg_catalog.array_ndims(keys) OPERATOR(pg_catalog.>) 1
+       OR pg_catalog.current_setting('idempotency.max_key_length', true) OPERATOR(pg_catalog.<>) ''
+       OR EXISTS (SELECT FROM pg_catalog.unnest(keys) AS u(k)
+                   WHERE u.k IS NULL OR u.k OPERATOR(pg_catalog.~) '[^ -~]' OR pg_catalog.octet_length(u.k) OPERATOR(pg_catalog.<) 1
+                         OR pg_catalog.octet_length(u.k) OPERATOR(pg_catalog.>) 255) THEN
+        PERFORM @extschema@.idem_sql_batch_keys(keys);
+    END IF;
     lower_ := coalesce(pg_catalog.array_lower(keys, 1), 1);
     n := coalesce(pg_catalog.cardinality(keys), 0);
-    PERFORM @extschema@.idem_sql_check_scope(scope);
-    PERFORM @extschema@.idem_sql_per_key(attempts, 'attempts', n);
-    PERFORM @extschema@.idem_sql_per_key(responses, 'responses', n);
-    PERFORM @extschema@.idem_sql_not_null(response_code, 'response_code');
-    IF ttl IS NOT NULL THEN
+    IF scope IS NULL OR pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 255 THEN
+        PERFORM @extschema@.idem_sql_check_scope(scope);
+    END IF;
+    IF attempts IS NOT NULL AND (pg_catalog.array_ndims(attempts) OPERATOR(pg_catalog.>) 1
+                                 OR pg_catalog.cardinality(attempts) OPERATOR(pg_catalog.<>) n) THEN
+        PERFORM @extschema@.idem_sql_per_key(attempts, 'attempts', n);
+    END IF;
+    IF responses IS NOT NULL AND (pg_catalog.array_ndims(responses) OPERATOR(pg_catalog.>) 1
+                                  OR pg_catalog.cardinality(responses) OPERATOR(pg_catalog.<>) n) THEN
+        PERFORM @extschema@.idem_sql_per_key(responses, 'responses', n);
+    END IF;
+    IF response_code IS NULL THEN
+        PERFORM @extschema@.idem_sql_not_null(response_code, 'response_code');
+    END IF;
+    IF ttl IS NOT NULL AND NOT @extschema@.idem_sql_end_ok(pg_catalog.clock_timestamp(), ttl) THEN
         PERFORM @extschema@.idem_sql_duration_end(pg_catalog.clock_timestamp(), ttl, 'ttl');
     END IF;
     IF n OPERATOR(pg_catalog.=) 0 THEN
@@ -485,19 +727,86 @@ BEGIN
                                              lower_ OPERATOR(pg_catalog.+) e.first_i OPERATOR(pg_catalog.-) 1,
                                              lower_ OPERATOR(pg_catalog.+) e.next_i OPERATOR(pg_catalog.-) 1);
     END LOOP;
-    PERFORM @extschema@.idem_sql_may('idem_complete_batch()', '{SELECT,INSERT,UPDATE}');
+    IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'SELECT')
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'INSERT')
+       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'UPDATE') THEN
+        PERFORM @extschema@.idem_sql_may('idem_complete_batch()', '{SELECT,INSERT,UPDATE}');
+    END IF;
     IF attempts IS NOT NULL THEN
         attempts := ARRAY(SELECT u.x FROM pg_catalog.unnest(attempts) WITH ORDINALITY AS u(x, i) ORDER BY u.i);
     END IF;
     IF responses IS NOT NULL THEN
         responses := ARRAY(SELECT u.x FROM pg_catalog.unnest(responses) WITH ORDINALITY AS u(x, i) ORDER BY u.i);
     END IF;
-    FOR e IN
-        SELECT a.k, a.i FROM pg_catalog.unnest(keys) WITH ORDINALITY AS a(k, i)
-         ORDER BY (a.k COLLATE pg_catalog."C")
-    LOOP
-        PERFORM @extschema@.idem_sql_finish_key(scope, e.k, 'succeeded',
-            responses[e.i], response_code, NULL, attempts[e.i], ttl, NULL, NULL, true);
+    -- the keys in the primary key's order, each with its attempt and response
+    SELECT pg_catalog.array_agg(s.k), pg_catalog.array_agg(s.att), pg_catalog.array_agg(s.resp)
+      INTO dk, datt, dresp
+      FROM (SELECT a.k, attempts[a.i] AS att, responses[a.i] AS resp
+              FROM pg_catalog.unnest(keys) WITH ORDINALITY AS a(k, i)
+             ORDER BY (a.k COLLATE pg_catalog."C")) AS s;
+    now_ := pg_catalog.clock_timestamp();
+    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed'
+       AND (ttl IS NULL OR @extschema@.idem_sql_end_ok(now_, ttl)) THEN
+        -- Set-wise (docs/editions.md, "How batches are built"): every key's row locked in key
+        -- order by one statement, so that overlapping batches wait for each other as the loop's
+        -- updates would; then one UPDATE finishes the keys that qualify as idem_sql_finish_key's
+        -- would, on the versions now locked.
+        SELECT pg_catalog.array_agg(l.t), pg_catalog.array_agg(l.att), pg_catalog.array_agg(l.resp)
+          INTO tids, latt, lresp
+          FROM (SELECT r.t, d.n, d.att, d.resp
+                  FROM ROWS FROM (pg_catalog.unnest(dk), pg_catalog.unnest(datt), pg_catalog.unnest(dresp))
+                       WITH ORDINALITY AS d(k, att, resp, n)
+                 CROSS JOIN LATERAL (
+                       SELECT k.ctid AS t FROM @extschema@.idem_keys AS k
+                        WHERE k.scope OPERATOR(pg_catalog.=) scope
+                          AND k.key OPERATOR(pg_catalog.=) (d.k COLLATE pg_catalog."C")
+                          FOR NO KEY UPDATE) AS r
+                 ORDER BY d.n) AS l;
+        -- (A lateral look-up per key, in the keys' order, locks each row as it is found: a join
+        -- could scan the scope's rows instead. The UPDATE finds the locked versions by ctid and
+        -- each one's values by its place in the arrays, looked up in a jsonb object: a join with
+        -- the arrays would leave the plan to statistics, which a growing table does not have yet,
+        -- and array_position() would cost a batch the square of its size.)
+        places := (SELECT pg_catalog.jsonb_object_agg(l.t::text, l.i)
+                     FROM pg_catalog.unnest(tids) WITH ORDINALITY AS l(t, i));
+        WITH u AS (
+            UPDATE @extschema@.idem_keys AS k
+               SET state = 'succeeded'::@extschema@.idem_state,
+                   response = lresp[(places OPERATOR(pg_catalog.->>) k.ctid::text)::integer],
+                   response_code = response_code,
+                   response_body = NULL, response_headers = NULL, retryable = NULL,
+                   completed_at = now_, locked_until = NULL,
+                   expires_at = coalesce(now_ OPERATOR(pg_catalog.+) ttl, k.expires_at)
+             WHERE k.ctid OPERATOR(pg_catalog.=) ANY (tids)
+               AND k.state OPERATOR(pg_catalog.=) 'pending'::@extschema@.idem_state
+               AND (attempts IS NULL
+                    OR latt[(places OPERATOR(pg_catalog.->>) k.ctid::text)::integer] IS NULL
+                    OR k.attempt OPERATOR(pg_catalog.=) latt[(places OPERATOR(pg_catalog.->>) k.ctid::text)::integer])
+               AND (k.expires_at OPERATOR(pg_catalog.>) now_ OR k.locked_until OPERATOR(pg_catalog.>) now_)
+            RETURNING k.key)
+        SELECT pg_catalog.array_agg(u.key) INTO done_keys FROM u;
+        IF coalesce(pg_catalog.cardinality(done_keys), 0) OPERATOR(pg_catalog.=) n THEN
+            RETURN n;
+        END IF;
+        finished := ARRAY(SELECT d.n::integer FROM pg_catalog.unnest(dk) WITH ORDINALITY AS d(k, n)
+                           WHERE (d.k COLLATE pg_catalog."C") OPERATOR(pg_catalog.=) ANY (done_keys));
+        -- The first key in key order that did not qualify gets what idem_sql_finish_key makes of
+        -- it: its error, as the loop raises it first (undoing the batch). Should it qualify now
+        -- (a key absent from the lock's read, written since), the keys after it are finished
+        -- one by one as the loop would, all but those the UPDATE already finished.
+        FOR j IN 1 .. n LOOP
+            CONTINUE WHEN j OPERATOR(pg_catalog.=) ANY (finished);
+            PERFORM @extschema@.idem_sql_finish_key(scope, dk[j], 'succeeded', dresp[j], response_code,
+                NULL, datt[j], ttl, NULL, NULL, true);
+        END LOOP;
+        RETURN n;
+    END IF;
+    -- one by one, in key order: under a transaction snapshot (where a lock of a later key could
+    -- raise 40001 before an earlier key's error), or with a ttl refused at this time
+    FOR j IN 1 .. n LOOP
+        PERFORM @extschema@.idem_sql_finish_key(scope, dk[j], 'succeeded', dresp[j], response_code,
+            NULL, datt[j], ttl, NULL, NULL, true);
     END LOOP;
     RETURN n;
 END
