@@ -553,9 +553,11 @@ BEGIN
                 END;
             END IF;
             IF done THEN
-                IF look AND deadline IS NULL  -- a new key: the next claims of this session insert first
-                   AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
-                    PERFORM pg_catalog.set_config('idem_sql.insert_first', 'on', false);
+                IF look THEN  -- (nested: an insert-first claim never sets the rest up)
+                    IF deadline IS NULL  -- a new key: the next claims of this session insert first
+                       AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
+                        PERFORM pg_catalog.set_config('idem_sql.insert_first', 'on', false);
+                    END IF;
                 END IF;
                 RETURN ROW('claimed', true, r.attempt, r.state, NULL, NULL, NULL, r.expires_at,
                            NULL, NULL, NULL)::@extschema@.idem_claim_result;

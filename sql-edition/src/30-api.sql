@@ -30,12 +30,18 @@ BEGIN
         PERFORM @extschema@.idem_sql_check_scope(scope);
     END IF;
     IF ttl IS NOT NULL OR lease IS NOT NULL THEN
+        -- nested: a condition is set up only when it is reached, so an argument left out costs
+        -- nothing but its IS NOT NULL
         now_ := pg_catalog.clock_timestamp();
-        IF ttl IS NOT NULL AND NOT @extschema@.idem_sql_end_ok(now_, ttl) THEN
-            PERFORM @extschema@.idem_sql_duration_end(now_, ttl, 'ttl');
+        IF ttl IS NOT NULL THEN
+            IF NOT @extschema@.idem_sql_end_ok(now_, ttl) THEN
+                PERFORM @extschema@.idem_sql_duration_end(now_, ttl, 'ttl');
+            END IF;
         END IF;
-        IF lease IS NOT NULL AND NOT @extschema@.idem_sql_end_ok(now_, lease) THEN
-            PERFORM @extschema@.idem_sql_duration_end(now_, lease, 'lease');
+        IF lease IS NOT NULL THEN
+            IF NOT @extschema@.idem_sql_end_ok(now_, lease) THEN
+                PERFORM @extschema@.idem_sql_duration_end(now_, lease, 'lease');
+            END IF;
         END IF;
     END IF;
     IF wait IS NOT NULL OR fingerprint IS NOT NULL THEN
@@ -58,16 +64,18 @@ BEGIN
     END IF;
     -- idem_sql_fingerprint's fast case, inline: jsonb's text is canonical unless it may hold a
     -- number with trailing fraction zeros, which needs a '.' (a statement apart calls it only then)
+    -- (convert_to(..., 'SQL_ASCII') is the text's bytes in the database's encoding, unconverted)
     canonical := request::text;
-    IF pg_catalog.strpos(canonical, '.') OPERATOR(pg_catalog.<>) 0
-       AND canonical OPERATOR(pg_catalog.~) '\.[0-9]*0([^0-9]|$)' THEN
-        RETURN @extschema@.idem_sql_claim_key(scope, key, @extschema@.idem_sql_fingerprint(scope, request, true),
-                                              request, ttl, lease, deadline, false, false);
+    IF pg_catalog.strpos(canonical, '.') OPERATOR(pg_catalog.<>) 0 THEN
+        IF canonical OPERATOR(pg_catalog.~) '\.[0-9]*0([^0-9]|$)' THEN
+            RETURN @extschema@.idem_sql_claim_key(scope, key, @extschema@.idem_sql_fingerprint(scope, request, true),
+                                                  request, ttl, lease, deadline, false, false);
+        END IF;
     END IF;
     RETURN @extschema@.idem_sql_claim_key(scope, key,
-        pg_catalog.sha256(pg_catalog.convert_to(scope, pg_catalog.getdatabaseencoding())
+        pg_catalog.sha256(pg_catalog.convert_to(scope, 'SQL_ASCII')
                           OPERATOR(pg_catalog.||) '\x00'::bytea
-                          OPERATOR(pg_catalog.||) pg_catalog.convert_to(canonical, pg_catalog.getdatabaseencoding())),
+                          OPERATOR(pg_catalog.||) pg_catalog.convert_to(canonical, 'SQL_ASCII')),
         request, ttl, lease, deadline, false, false);
 END
 $fn$;
