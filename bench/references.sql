@@ -24,6 +24,7 @@
 --       (columns, types, indexes, storage parameters: bench/workloads/claim_insert.sql), and a
 --       plain primary-key SELECT of the same row of idem_keys itself
 --       (bench/workloads/replay_select.sql).
+--   ref.claim_a_checked: (a) plus the contract's argument and privilege checks of a claim.
 --   ref.claim_batch_a / ref.complete_batch_a: (a) for batches, set-based (below (a)).
 --   ref.reap_all: the hand-written batched DELETE ... USING (SELECT ctid ... FOR UPDATE SKIP
 --       LOCKED) loop, committing after each batch, to compare with CALL idem_reap_all().
@@ -159,6 +160,41 @@ BEGIN
      WHERE scope = p_scope AND key = p_key
     RETURNING attempt, expires_at INTO r.attempt, r.expires_at;
     RETURN ROW('claimed', false, r.attempt, 'pending', NULL, NULL, NULL, r.expires_at)::ref.claim_result;
+END
+$$;
+
+-- (a) with the contract's checks of a claim's arguments and privileges, written as the SQL
+-- edition writes them (docs/contract.md §4, §7: key, scope, a given lease, read-only transaction,
+-- SELECT/INSERT/UPDATE on the table), and nothing else of its rules: what those checks alone cost
+-- a PL/pgSQL claim. Made from ref.claim_a's own text, so the two cannot drift apart.
+DO $$
+BEGIN
+    EXECUTE replace(replace(pg_get_functiondef('ref.claim_a'::regproc),
+        'FUNCTION ref.claim_a(', 'FUNCTION ref.claim_a_checked('),
+        E'BEGIN\n    IF p_request IS NOT NULL THEN', $checks$BEGIN
+    IF (p_key OPERATOR(pg_catalog.~) '^[ -~]+$' AND pg_catalog.octet_length(p_key) OPERATOR(pg_catalog.<=) 255
+        AND pg_catalog.octet_length(p_scope) OPERATOR(pg_catalog.<=) 255) IS NOT TRUE
+       OR pg_catalog.current_setting('idempotency.max_key_length', true) OPERATOR(pg_catalog.<>) '' THEN
+        RAISE EXCEPTION 'invalid key or scope' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_lease IS NOT NULL THEN
+        IF NOT (p_lease OPERATOR(pg_catalog.>) '0'::interval AND p_lease OPERATOR(pg_catalog.<=) '100 years'::interval
+                AND (v_now OPERATOR(pg_catalog.+) p_lease) OPERATOR(pg_catalog.>) v_now
+                AND (v_now OPERATOR(pg_catalog.+) p_lease) OPERATOR(pg_catalog.<=) (v_now OPERATOR(pg_catalog.+) '100 years'::interval)) THEN
+            RAISE EXCEPTION 'invalid lease' USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+    IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+       OR NOT pg_catalog.has_table_privilege('ref.keys_a'::pg_catalog.regclass, 'SELECT')
+       OR NOT pg_catalog.has_table_privilege('ref.keys_a'::pg_catalog.regclass, 'INSERT')
+       OR NOT pg_catalog.has_table_privilege('ref.keys_a'::pg_catalog.regclass, 'UPDATE') THEN
+        RAISE EXCEPTION 'cannot claim' USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF p_request IS NOT NULL THEN$checks$);
+    IF NOT EXISTS (SELECT FROM pg_proc WHERE proname = 'claim_a_checked'
+                                         AND prosrc LIKE '%has_table_privilege%') THEN
+        RAISE EXCEPTION 'ref.claim_a_checked was not made';
+    END IF;
 END
 $$;
 
