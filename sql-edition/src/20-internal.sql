@@ -492,8 +492,9 @@ BEGIN
         -- have checked the arguments (idem_sql_duration_end), so a sum cannot overflow; its
         -- calendar check is made again at this now_, the error raised as that function raises
         -- it. Statements, not one expression, so that a claim compiles no call of the rare paths.
+        -- A setting never set is NULL; one set at all (even to '') is read by idem_sql_setting.
         IF ttl_ IS NULL
-           AND coalesce(pg_catalog.current_setting('idempotency.default_ttl', true), '') OPERATOR(pg_catalog.=) '' THEN
+           AND pg_catalog.current_setting('idempotency.default_ttl', true) IS NULL THEN
             expires := now_ OPERATOR(pg_catalog.+) '86400 seconds'::interval;
         ELSIF ttl_ IS NULL THEN
             expires := now_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>
@@ -508,7 +509,7 @@ BEGIN
         IF applied_ THEN
             until_ := NULL;
         ELSIF lease_ IS NULL THEN
-            IF coalesce(pg_catalog.current_setting('idempotency.default_lease', true), '') OPERATOR(pg_catalog.=) '' THEN
+            IF pg_catalog.current_setting('idempotency.default_lease', true) IS NULL THEN
                 until_ := now_ OPERATOR(pg_catalog.+) '60 seconds'::interval;
             ELSE
                 until_ := now_ OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs =>

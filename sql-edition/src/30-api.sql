@@ -22,10 +22,12 @@ BEGIN
     -- that name what is wrong, in argument order. Each expression's first use in a transaction
     -- costs a claim its set-up (every function and operator in it looked up and its EXECUTE
     -- privilege checked, whether its branch is taken or not), so they are few and small: a key
-    -- of 1 to 255 printable ASCII characters (one byte each) is one regular expression.
+    -- of 1 to 255 printable ASCII characters (one byte each) is one regular expression; a
+    -- max_key_length never set is NULL (IS NOT NULL names no function), one set at all takes
+    -- the checks that read it.
     IF (key OPERATOR(pg_catalog.~) '^[ -~]+$' AND pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 255
         AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) 255) IS NOT TRUE
-       OR pg_catalog.current_setting('idempotency.max_key_length', true) OPERATOR(pg_catalog.<>) '' THEN
+       OR pg_catalog.current_setting('idempotency.max_key_length', true) IS NOT NULL THEN
         PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
         PERFORM @extschema@.idem_sql_check_scope(scope);
     END IF;
@@ -98,7 +100,7 @@ BEGIN
     IF (key OPERATOR(pg_catalog.~) '^[ -~]+$' AND pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 255
         AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) 255) IS NOT TRUE
        OR response_code IS NULL
-       OR pg_catalog.current_setting('idempotency.max_key_length', true) OPERATOR(pg_catalog.<>) '' THEN
+       OR pg_catalog.current_setting('idempotency.max_key_length', true) IS NOT NULL THEN
         PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
         IF response_code IS NULL THEN
             PERFORM @extschema@.idem_sql_not_null(response_code, 'response_code');
@@ -143,7 +145,7 @@ BEGIN
     IF (key OPERATOR(pg_catalog.~) '^[ -~]+$' AND pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 255
         AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) 255) IS NOT TRUE
        OR response_code IS NULL OR retryable IS NULL
-       OR pg_catalog.current_setting('idempotency.max_key_length', true) OPERATOR(pg_catalog.<>) '' THEN
+       OR pg_catalog.current_setting('idempotency.max_key_length', true) IS NOT NULL THEN
         PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
         PERFORM @extschema@.idem_sql_not_null(response_code, 'response_code');
         PERFORM @extschema@.idem_sql_not_null(retryable, 'retryable');
@@ -181,7 +183,7 @@ BEGIN
     -- as idem_claim
     IF (key OPERATOR(pg_catalog.~) '^[ -~]+$' AND pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 255
         AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) 255) IS NOT TRUE
-       OR pg_catalog.current_setting('idempotency.max_key_length', true) OPERATOR(pg_catalog.<>) '' THEN
+       OR pg_catalog.current_setting('idempotency.max_key_length', true) IS NOT NULL THEN
         PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
         PERFORM @extschema@.idem_sql_check_scope(scope);
     END IF;
