@@ -6,6 +6,7 @@
 extern "C" {
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
+#include "parser/parser.h"
 #include "tcop/pquery.h"
 }
 
@@ -297,6 +298,22 @@ apply_record(const Record &r)
 		recorded[i].create = SPI_getvalue(tuple, SPI_tuptable->tupdesc, 1);
 		recorded[i].name = SPI_getvalue(tuple, SPI_tuptable->tupdesc, 2);
 		recorded[i].named = SPI_getvalue(tuple, SPI_tuptable->tupdesc, 3);
+	}
+	// The recorded expressions are text that only the owner of idem_keys can write, but a
+	// superuser's restore runs them: each must make exactly one CREATE POLICY, or an expression
+	// like "true); ALTER ROLE ... SUPERUSER; ... (true" would run as that superuser.
+	for (int i = 0; i < n; i++)
+	{
+		List *statements = raw_parser(recorded[i].create, RAW_PARSE_DEFAULT);
+		if (list_length(statements) != 1 ||
+		    !IsA(linitial_node(RawStmt, statements)->stmt, CreatePolicyStmt))
+			ereport(ERROR,
+			        (errcode(ERRCODE_IDEM_ROW_SECURITY_NOT_IN_FORCE),
+			         errmsg("policy \"%s\" of idem_keys is not re-created: its record is not one policy",
+			                recorded[i].name),
+			         errdetail("Its USING or WITH CHECK expression ends the CREATE POLICY statement."),
+			         errhint("Correct the row of idem_policies (only the owner of idem_keys can write it), "
+			                 "then run SELECT idem_row_security_apply().")));
 	}
 	run(psprintf("SELECT coalesce(bool_or(enabled), false), coalesce(bool_or(forced), false) FROM %s",
 	             r.flags_table),

@@ -17,6 +17,9 @@
 # (the checklist not followed): the keys are not loaded. A role of a policy renamed, or taken out of it
 # by DROP OWNED (no event trigger sees either): the tenants are refused until the owner records
 # the policy again.
+# The owner of idem_keys (no superuser) writes a record whose expression ends the CREATE POLICY and
+# starts other statements: neither a superuser's idem_row_security_apply() nor a superuser's
+# restore of the database runs them.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -284,6 +287,32 @@ is(sql('owned', q{SELECT array_to_string(polroles::regrole[], ',') FROM pg_polic
 	'tenant_a', 'DROP OWNED BY takes the role out of the policy');
 is(sqlstate_as('owned', 'tenant_a', q{SELECT idem.idem_lookup('k-tenant_b', scope => 'tenant_b')}), 'IK006',
 	'... which the record does not show: refused');
+
+# ---- a record written to run more than a policy when a superuser applies or restores it
+sql('postgres', 'CREATE DATABASE planted OWNER dbowner');
+sql('planted', q{
+	CREATE SCHEMA idem AUTHORIZATION dbowner;
+	CREATE EXTENSION idempotency SCHEMA idem;
+	ALTER TABLE idem.idem_keys OWNER TO dbowner;
+});
+my $planted = q{true); ALTER ROLE dbowner SUPERUSER; CREATE POLICY planted ON idem.idem_keys USING (true};
+(undef, $out, $err) = $node->psql('planted', qq{ALTER TABLE idem.idem_keys ENABLE ROW LEVEL SECURITY;
+INSERT INTO idem.idem_policies (name, permissive, command, roles, using_expr)
+	VALUES ('p', true, 'ALL', '{public}', \$\$$planted\$\$);}, extra_params => [ '-U', 'dbowner' ]);
+like($err, qr/WARNING:.*policy "p" of idem_keys is not re-created: its record is not one policy/,
+	'the owner writes the record: its trigger refuses the policy (a WARNING)');
+sub superuser_of { return sql('postgres', q{SELECT rolsuper FROM pg_roles WHERE rolname = 'dbowner'}); }
+(undef, $out, $err) = $node->psql('planted', q{\set VERBOSITY sqlstate
+SELECT idem.idem_row_security_apply()});
+like($err, qr/ERROR:\s+IK006/, "a superuser's idem_row_security_apply() refuses it (IK006)");
+is(superuser_of(), 'f', '... and runs none of its statements');
+$node->command_ok([ 'pg_dump', '-Fc', '-f', "$tmp/planted.dump", $node->connstr('planted') ], 'dump of that database');
+sql('postgres', 'CREATE DATABASE planted_copy OWNER dbowner');
+IPC::Run::run([ 'pg_restore', '-v', '-d', $node->connstr('planted_copy'), "$tmp/planted.dump" ], '>', \$out, '2>', \$err);
+like($err, qr/row-level security of idem_keys was not restored: policy "p" of idem_keys is not re-created/,
+	"a superuser's restore says the record was not applied");
+is(superuser_of(), 'f', '... and runs none of its statements either');
+is(sql('planted_copy', q{SELECT count(*) FROM pg_policy WHERE polname = 'planted'}), '0', '... nor its extra policy');
 
 $node->stop;
 done_testing();
