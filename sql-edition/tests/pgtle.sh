@@ -163,6 +163,22 @@ own_scope|t" tle_owner tle_rls \
   "SELECT idem_row_security_apply();
    SELECT string_agg(polname, ','), idem_row_security_check() FROM pg_policy WHERE polrelid = 'idem_keys'::regclass"
 
+# a record idem_keys cannot be made to match: a WARNING (the write goes on), idem_keys as it was
+warned() { # NAME PATTERN ROLE DB ARG...: runs, and its output has a WARNING matching PATTERN
+  local name=$1 pattern=$2 got; shift 2
+  if got=$(as "$@" 2>&1) && grep -Eq "WARNING:  $pattern" <<<"$got"; then ok "$name"; else not_ok "$name" "$got"; fi
+}
+warned "a recorded policy naming a role the cluster lacks: a WARNING (42704), not an error" \
+  '42704: row-level security of idem_keys was not restored: role "no_such_role" does not exist' \
+  tle_owner tle_rls -c "UPDATE idem_policies SET roles = '{no_such_role}'"
+warned "a recorded policy whose named objects are not those it names now: a WARNING (IK006)" \
+  'IK006: row-level security of idem_keys was not restored: policy "own_scope" of idem_keys names objects other than those recorded' \
+  tle_owner tle_rls -c "UPDATE idem_policies SET roles = '{tle_intruder,tle_tenant}', named = 'function public.f() owned by x'"
+expect "... idem_keys kept its policy and roles meanwhile; the owner records them again" "own_scope|{tle_intruder,tle_tenant}
+1" tle_owner tle_rls \
+  "SELECT polname, polroles::regrole[]::text[] FROM pg_policy WHERE polrelid = 'idem_keys'::regclass;
+   SELECT idem_row_security_record()"
+
 dump=$(mktemp)
 if out=$("$PGBIN/pg_dump" -U postgres -d tle_rls -f "$dump" 2>&1); then ok "pg_dump of the database"; else not_ok "pg_dump of the database" "$out"; fi
 expect "the dump has no policy of idem_keys of its own (pg_dump leaves them out), the record's rows only" "0|2" \
