@@ -163,21 +163,22 @@ SET search_path = pg_catalog, pg_temp
 AS $fn$
 BEGIN
     RETURN (SELECT ROW(COALESCE(pg_catalog.bool_or(r.enabled), false),
-                                  COALESCE(pg_catalog.bool_or(r.forced), false))::text
+                       COALESCE(pg_catalog.bool_or(r.forced), false))::text
               FROM @extschema@.idem_row_security r)
            OPERATOR(pg_catalog.=)
            (SELECT ROW(c.relrowsecurity, c.relforcerowsecurity)::text
               FROM pg_catalog.pg_class c
              WHERE c.oid OPERATOR(pg_catalog.=) '@extschema@.idem_keys'::pg_catalog.regclass)
-       AND (SELECT pg_catalog.string_agg(ROW(r.name, r.permissive, r.command, r.roles,
-                    r.using_expr, r.check_expr, COALESCE(r.named, l.named))::text, pg_catalog.chr(10) ORDER BY r.name)
+       AND (SELECT pg_catalog.string_agg(ROW(r.name, r.permissive, r.command, r.roles, r.using_expr,
+                                             r.check_expr, COALESCE(r.named, l.named))::text,
+                                         pg_catalog.chr(10) ORDER BY r.name)
               FROM @extschema@.idem_policies r
               LEFT JOIN @extschema@.idem_sql_row_security_live() l
                 ON l.name OPERATOR(pg_catalog.=) r.name COLLATE pg_catalog."C")
            IS NOT DISTINCT FROM
-           (SELECT pg_catalog.string_agg(ROW(l.name, l.permissive, l.command, l.roles,
-                    l.using_expr, l.check_expr, l.named)::text, pg_catalog.chr(10)
-                    ORDER BY l.name COLLATE pg_catalog."C")
+           (SELECT pg_catalog.string_agg(ROW(l.name, l.permissive, l.command, l.roles, l.using_expr,
+                                             l.check_expr, l.named)::text,
+                                         pg_catalog.chr(10) ORDER BY l.name COLLATE pg_catalog."C")
               FROM @extschema@.idem_sql_row_security_live() l);
 END
 $fn$;
