@@ -107,4 +107,98 @@ claimed|t" tle_owner tle_db \
   "SELECT extversion, idem_edition() FROM pg_extension WHERE extname = 'idempotency';
    SELECT outcome, inserted FROM idem_claim('pay-1', request => '{\"a\": 1}')"
 
+# The record of row-level security (docs/contract.md §13): pg_dump leaves out an extension
+# table's policies and flags, so the owner records them (idem_row_security_record()) and a
+# restore puts them back from the record's rows. A tenant can neither read, change nor erase the
+# record, nor make the functions change it. In databases of their own (tle_db has pg_cron, which
+# lives in one database only).
+if ! setup=$(as postgres postgres -c "CREATE ROLE tle_tenant LOGIN" \
+      -c "CREATE DATABASE tle_rls OWNER tle_owner" -c "CREATE DATABASE tle_rls_restored OWNER tle_owner" 2>&1 &&
+    as postgres tle_rls -c "CREATE EXTENSION pg_tle" 2>&1 &&
+    as tle_admin tle_rls -f "$fresh" 2>&1 && as tle_owner tle_rls -c "CREATE EXTENSION idempotency" 2>&1); then
+  not_ok "roles, databases, pg_tle and the extension for the record of row-level security" "$setup"; summary; exit 1
+fi
+runs "the owner confines the tenants to their scope (row-level security, a policy) and claims a key in each" \
+  tle_owner tle_rls \
+  -c "GRANT SELECT, INSERT, UPDATE, DELETE ON idem_keys TO tle_tenant, tle_intruder" \
+  -c "ALTER TABLE idem_keys ENABLE ROW LEVEL SECURITY" \
+  -c "CREATE POLICY own_scope ON idem_keys TO tle_tenant, tle_intruder
+        USING (scope = current_user) WITH CHECK (scope = current_user)" \
+  -c "SELECT count(*) FROM idem_claim('k', '{}', 'tle_tenant')" -c "SELECT count(*) FROM idem_claim('k', '{}', 'tle_intruder')"
+expect "idem_row_security_check() is true while nothing is recorded" t tle_owner tle_rls "SELECT idem_row_security_check()"
+expect "the owner records them: one policy (idem_row_security_record)" 1 tle_owner tle_rls \
+  "SELECT idem_row_security_record()"
+expect "... the flags and the policy, its expressions schema-qualified" \
+  't|f
+own_scope|ALL|{tle_intruder,tle_tenant}|(scope = CURRENT_USER)|(scope = CURRENT_USER)' \
+  tle_owner tle_rls "SELECT enabled, forced FROM idem_row_security;
+                     SELECT name, command, roles, using_expr, check_expr FROM idem_policies"
+expect "a tenant sees its own scope's key only" "tle_intruder" tle_intruder tle_rls "SELECT string_agg(scope, ',') FROM idem_keys"
+refused "a tenant cannot read the record" 42501 tle_intruder tle_rls -c "SELECT * FROM idem_policies"
+refused "... nor write it" 42501 tle_intruder tle_rls \
+  -c "INSERT INTO idem_policies VALUES ('all', true, 'ALL', '{public}', 'true', 'true', NULL)"
+refused "... nor erase it (TRUNCATE)" 42501 tle_intruder tle_rls -c "TRUNCATE idem_row_security"
+refused "... (DELETE)" 42501 tle_intruder tle_rls -c "DELETE FROM idem_policies"
+refused "... nor record what idem_keys has (idem_row_security_record)" 42501 tle_intruder tle_rls \
+  -c "SELECT idem_row_security_record()"
+refused "... nor apply the record (idem_row_security_apply)" 42501 tle_intruder tle_rls \
+  -c "SELECT idem_row_security_apply()"
+refused "... nor take row-level security off idem_keys" 42501 tle_intruder tle_rls \
+  -c "ALTER TABLE idem_keys DISABLE ROW LEVEL SECURITY"
+runs "the owner grants a tenant DELETE and INSERT on the record by mistake" tle_owner tle_rls \
+  -c "GRANT DELETE, INSERT ON idem_policies, idem_row_security TO tle_intruder"
+refused "... the tenant's write is still refused (the record's trigger)" 42501 tle_intruder tle_rls \
+  -c "DELETE FROM idem_policies"
+refused "... and so is its erasing of the flags" 42501 tle_intruder tle_rls -c "DELETE FROM idem_row_security"
+runs "... the owner revokes it" tle_owner tle_rls -c "REVOKE DELETE, INSERT ON idem_policies, idem_row_security FROM tle_intruder"
+expect "the record and the policy are as they were" "1|1|t|own_scope" tle_owner tle_rls \
+  "SELECT (SELECT count(*) FROM idem_policies), (SELECT count(*) FROM idem_row_security),
+          relrowsecurity, (SELECT string_agg(polname, ',') FROM pg_policy WHERE polrelid = 'idem_keys'::regclass)
+     FROM pg_class WHERE oid = 'idem_keys'::regclass"
+runs "the owner drops the policy" tle_owner tle_rls -c "DROP POLICY own_scope ON idem_keys"
+refused "... idem_row_security_check() says the recorded policy is missing (IK006)" IK006 tle_owner tle_rls \
+  -c "SELECT idem_row_security_check()"
+expect "... idem_row_security_apply() puts it back" "1
+own_scope|t" tle_owner tle_rls \
+  "SELECT idem_row_security_apply();
+   SELECT string_agg(polname, ','), idem_row_security_check() FROM pg_policy WHERE polrelid = 'idem_keys'::regclass"
+
+# a record idem_keys cannot be made to match: a WARNING (the write goes on), idem_keys as it was
+warned() { # NAME PATTERN ROLE DB ARG...: runs, and its output has a WARNING matching PATTERN
+  local name=$1 pattern=$2 got; shift 2
+  if got=$(as "$@" 2>&1) && grep -Eq "WARNING:  $pattern" <<<"$got"; then ok "$name"; else not_ok "$name" "$got"; fi
+}
+warned "a recorded policy naming a role the cluster lacks: a WARNING (42704), not an error" \
+  '42704: row-level security of idem_keys was not restored: role "no_such_role" does not exist' \
+  tle_owner tle_rls -c "UPDATE idem_policies SET roles = '{no_such_role}'"
+warned "a recorded policy whose named objects are not those it names now: a WARNING (IK006)" \
+  'IK006: row-level security of idem_keys was not restored: policy "own_scope" of idem_keys names objects other than those recorded' \
+  tle_owner tle_rls -c "UPDATE idem_policies SET roles = '{tle_intruder,tle_tenant}', named = 'function public.f() owned by x'"
+expect "... idem_keys kept its policy and roles meanwhile; the owner records them again" "own_scope|{tle_intruder,tle_tenant}
+1" tle_owner tle_rls \
+  "SELECT polname, polroles::regrole[]::text[] FROM pg_policy WHERE polrelid = 'idem_keys'::regclass;
+   SELECT idem_row_security_record()"
+
+dump=$(mktemp)
+if out=$("$PGBIN/pg_dump" -U postgres -d tle_rls -f "$dump" 2>&1); then ok "pg_dump of the database"; else not_ok "pg_dump of the database" "$out"; fi
+expect "the dump has no policy of idem_keys of its own (pg_dump leaves them out), the record's rows only" "0|2" \
+  postgres postgres "SELECT $(grep -c '^CREATE POLICY' "$dump"), $(grep -Ec '^COPY public\.idem_(policies|row_security) ' "$dump")"
+out=$(as postgres tle_rls_restored -f "$dump" 2>&1)
+if [ $? -eq 0 ] && ! grep -Eq 'ERROR|WARNING' <<<"$out"; then
+  ok "restored into a fresh database (psql -f, as pg_tle's own dump test does)"
+else
+  not_ok "restored into a fresh database" "$out"
+fi
+rm -f "$dump"
+# the restore's CREATE EXTENSION makes the restoring role (here a superuser) the extension's owner
+expect "the restored idem_keys has its row-level security and policy back" \
+  "t|f|own_scope|{tle_intruder,tle_tenant}|(scope = CURRENT_USER)|t" postgres tle_rls_restored \
+  "SELECT c.relrowsecurity, c.relforcerowsecurity, p.polname, p.polroles::regrole[]::text[],
+          pg_get_expr(p.polqual, p.polrelid), idem_row_security_check()
+     FROM pg_class c JOIN pg_policy p ON p.polrelid = c.oid WHERE c.oid = 'idem_keys'::regclass"
+expect "... a tenant sees its own scope's key only" "tle_tenant" tle_tenant tle_rls_restored \
+  "SELECT string_agg(scope, ',') FROM idem_keys"
+refused "... and cannot claim in another's scope" 42501 tle_tenant tle_rls_restored \
+  -c "SELECT * FROM idem_claim('k', '{}', 'tle_intruder')"
+
 summary

@@ -23,7 +23,10 @@
 # both ways, with the same checks.  Older servers cannot put two extensions of one name side by
 # side: there the test says so and moves by the plain route only (CI runs PostgreSQL 18 too).
 #
-# Row-level security of idem_keys (§13) is not moved here: the SQL edition does not have it yet.
+# The whole-database moves carry idem_keys' row-level security (§13) too: before the dump, its
+# source confines a tenant role to one scope (the C edition's event triggers record it, the SQL
+# edition's owner runs idem_row_security_record()); after the restore, the policy and the flag are
+# back in the other edition and the tenant sees its scope only.
 use strict;
 use warnings;
 
@@ -214,39 +217,34 @@ if ($major >= 18)
 		like($list, qr/EXTENSION - idempotency/, "the dump of $from creates the extension");
 		like($list, qr/TABLE DATA public idem_keys/, "the dump of $from holds idem_keys' data");
 		local $ENV{PGOPTIONS} = $to_sql ? $sql_path : '';
-		my @rls = grep { /TABLE DATA public (idem_policies|idem_row_security) / } split /\n/, $list;
-		if ($to_sql && @rls)
-		{
-			# The C edition's dump holds the data of its row-level-security record (§13), tables
-			# the SQL edition does not have yet: a plain restore fails on them.  Known, and kept
-			# visible here until the SQL edition has them.
-			$node->safe_psql('postgres', "CREATE DATABASE ${to}_plain");
-			TODO:
-			{
-				local $TODO = 'the SQL edition has no idem_row_security / idem_policies (contract §13) yet';
-				$node->command_ok([ 'pg_restore', '--exit-on-error', '-d', $node->connstr("${to}_plain"), $file ],
-					"pg_restore of the whole C edition dump into the SQL edition");
-			}
-			# the move without those two tables' (empty) data
-			my %skip = map { $_ => 1 } @rls;
-			my $toc = "$gen/$from.toc";
-			open my $fh, '>', $toc or die $!;
-			print $fh join("\n", grep { !$skip{$_} } split /\n/, $list), "\n";
-			close $fh;
-			is($node->safe_psql($from, 'SELECT (SELECT count(*) FROM idem_policies) + (SELECT count(*) FROM idem_row_security)'),
-				'0', "$from records no row-level security: leaving its record out loses nothing");
-			$node->safe_psql('postgres', "CREATE DATABASE $to");
-			$node->command_ok([ 'pg_restore', '--exit-on-error', '-L', $toc, '-d', $node->connstr($to), $file ],
-				"pg_restore into $to, without the row-level-security record");
-			return;
-		}
+		like($list, qr/TABLE DATA public idem_policies/, "the dump of $from holds the record of row-level security");
 		$node->safe_psql('postgres', "CREATE DATABASE $to");
 		$node->command_ok([ 'pg_restore', '--exit-on-error', '-d', $node->connstr($to), $file ], "pg_restore into $to");
 		return;
 	};
+	# the tenant role of the row-level security moved with the databases (roles are the cluster's)
+	$node->safe_psql('postgres', 'CREATE ROLE tenant_b');
+	my $confine = sub {
+		my ($db, $record) = @_;
+		$node->safe_psql($db, q{GRANT SELECT ON idem_keys TO tenant_b;
+ALTER TABLE idem_keys ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_b ON idem_keys TO tenant_b USING (scope = 'tenant-b')} . ($record ? '; SELECT idem_row_security_record()' : ''));
+	};
+	my $confined = sub {
+		my ($db, $what) = @_;
+		is($node->safe_psql($db, q{SELECT concat_ws('|', c.relrowsecurity, p.polname, p.polroles::regrole[],
+		                                  pg_get_expr(p.polqual, p.polrelid))
+		                             FROM pg_class c LEFT JOIN pg_policy p ON p.polrelid = c.oid
+		                            WHERE c.oid = 'idem_keys'::regclass}),
+			q{t|tenant_b|{tenant_b}|(scope = 'tenant-b'::text)}, "$what: idem_keys' row-level security and policy moved");
+		is($node->safe_psql($db, q{SET ROLE tenant_b; SELECT count(*) || ' ' || string_agg(DISTINCT scope, ',') FROM idem_keys}),
+			'9 tenant-b', "$what: the tenant role sees its scope's 9 keys only");
+	};
 	install('cx_src', 'c');
 	fill('cx_src');
+	$confine->('cx_src', 0);
 	$move_whole->('cx_src', 'sqlx_dst', 1);
+	$confined->('sqlx_dst', 'C -> SQL (extension)');
 	is(edition_of('sqlx_dst'), 'sql', 'sqlx_dst: restored under the SQL edition');
 	is($node->safe_psql('sqlx_dst', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}), $sql_version,
 		"sqlx_dst: the SQL edition is the extension idempotency $sql_version");
@@ -254,7 +252,9 @@ if ($major >= 18)
 
 	install('sqlx_src', 'sql-ext');
 	fill('sqlx_src');
+	$confine->('sqlx_src', 1);
 	$move_whole->('sqlx_src', 'cx_dst', 0);
+	$confined->('cx_dst', 'SQL -> C (extension)');
 	is(edition_of('cx_dst'), 'c', 'cx_dst: restored under the C edition');
 	same_answers('sqlx_src', 'cx_dst', 'SQL -> C (extension)');
 }
