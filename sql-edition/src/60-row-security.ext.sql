@@ -199,9 +199,28 @@ DECLARE
     forced  boolean;
     pol     record;
     named   text;
+    unsafe  text;     -- a recorded policy that could make more than one statement
     n       integer := 0;
 BEGIN
     PERFORM @extschema@.idem_sql_row_security_owner('apply the record of its row-level security');
+    -- The recorded expressions are text that only the owner of idem_keys can write, but a
+    -- superuser's restore runs them: each must make exactly one CREATE POLICY, or an expression
+    -- like "true); ALTER ROLE ... SUPERUSER; ... (true" would run as that superuser. Without
+    -- PostgreSQL's parser at hand, any ';' is refused (one in a string literal too), and the
+    -- command is checked here: the owner can drop the table's CHECK.
+    SELECT r.name INTO unsafe FROM @extschema@.idem_policies r
+     WHERE pg_catalog.strpos(COALESCE(r.using_expr, '') OPERATOR(pg_catalog.||) COALESCE(r.check_expr, ''), ';')
+           OPERATOR(pg_catalog.>) 0
+        OR r.command IS NULL
+        OR NOT r.command OPERATOR(pg_catalog.=) ANY ('{ALL,SELECT,INSERT,UPDATE,DELETE}'::text[])
+     ORDER BY r.name LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'policy "%" of idem_keys is not re-created: its record is not one policy', unsafe
+            USING ERRCODE = 'IK006',
+                  DETAIL = 'Its USING or WITH CHECK expression holds a ";", or its command is none of ALL, SELECT, INSERT, UPDATE, DELETE: either could end the CREATE POLICY statement.',
+                  HINT = 'Correct the row of idem_policies (only the owner of idem_keys can write it), '
+                         'then run SELECT idem_row_security_apply().';
+    END IF;
     SELECT COALESCE(pg_catalog.bool_or(r.enabled), false), COALESCE(pg_catalog.bool_or(r.forced), false)
       INTO enabled, forced FROM @extschema@.idem_row_security r;
     FOR pol IN SELECT p.polname FROM pg_catalog.pg_policy p

@@ -179,6 +179,22 @@ expect "... idem_keys kept its policy and roles meanwhile; the owner records the
   "SELECT polname, polroles::regrole[]::text[] FROM pg_policy WHERE polrelid = 'idem_keys'::regclass;
    SELECT idem_row_security_record()"
 
+# A record written to run more than a policy when a superuser applies it (or restores it): the
+# owner is no superuser, and stays none.
+planted="true); ALTER ROLE tle_owner SUPERUSER; CREATE POLICY planted ON public.idem_keys USING (true"
+warned "the owner plants statements in a recorded expression: its trigger refuses the policy (IK006)" \
+  'IK006: row-level security of idem_keys was not restored: policy "own_scope" of idem_keys is not re-created: its record is not one policy' \
+  tle_owner tle_rls -c "UPDATE idem_policies SET using_expr = \$\$$planted\$\$"
+refused "... a superuser's idem_row_security_apply() refuses it" IK006 postgres tle_rls -c "SELECT idem_row_security_apply()"
+runs "the owner drops the record's CHECK and plants them in the command" tle_owner tle_rls \
+  -c "ALTER TABLE idem_policies DROP CONSTRAINT idem_policies_command_check" \
+  -c "UPDATE idem_policies SET using_expr = NULL, command = 'ALL TO PUBLIC; ALTER ROLE tle_owner SUPERUSER; SELECT'"
+refused "... a superuser's idem_row_security_apply() refuses that too" IK006 postgres tle_rls -c "SELECT idem_row_security_apply()"
+expect "... no statement of them ran: the owner is no superuser, no policy was added" "f|own_scope" postgres tle_rls \
+  "SELECT rolsuper, (SELECT string_agg(polname, ',') FROM pg_policy WHERE polrelid = 'idem_keys'::regclass)
+     FROM pg_roles WHERE rolname = 'tle_owner'"
+runs "the owner records what idem_keys has again" tle_owner tle_rls -c "SELECT idem_row_security_record()"
+
 dump=$(mktemp)
 if out=$("$PGBIN/pg_dump" -U postgres -d tle_rls -f "$dump" 2>&1); then ok "pg_dump of the database"; else not_ok "pg_dump of the database" "$out"; fi
 expect "the dump has no policy of idem_keys of its own (pg_dump leaves them out), the record's rows only" "0|2" \
