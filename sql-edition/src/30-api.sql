@@ -378,7 +378,6 @@ DECLARE
     dreq     jsonb[];
     kinds    text[];
     answers  @extschema@.idem_claim_result[];
-    slow     integer[];
     run_from integer;
     run_end  integer;
     nnew     integer;
@@ -558,14 +557,36 @@ BEGIN
                                   AND v.key OPERATOR(pg_catalog.=) (d.k COLLATE pg_catalog."C")
                                OFFSET 0) AS k ON true) AS c
                  ORDER BY c.n) AS p;
-        slow := pg_catalog.array_positions(kinds, 'slow') OPERATOR(pg_catalog.||) (m OPERATOR(pg_catalog.+) 1);
-        run_from := 1;
-        FOREACH run_end IN ARRAY slow LOOP
-            IF run_end OPERATOR(pg_catalog.>) run_from THEN
-                -- the run run_from .. run_end - 1: its new keys inserted in key order, then every row answered
-                run_ok := true;
-                nnew := pg_catalog.cardinality(pg_catalog.array_positions(kinds[run_from:run_end OPERATOR(pg_catalog.-) 1], 'new'));
-                IF nnew OPERATOR(pg_catalog.=) 1 THEN
+    END IF;
+
+    -- Runs of keys decided set-wise, each ended by a slow key (m + 1 ends the last run). Without
+    -- the set-wise read (kinds is NULL) all the keys are one run that the loop below claims: with
+    -- `wait` (it bounds the whole call, which idem_sql_claim_key keeps to), under a transaction
+    -- snapshot, or when a setting is refused.
+    run_from := 1;
+    FOREACH run_end IN ARRAY pg_catalog.array_positions(kinds, 'slow') OPERATOR(pg_catalog.||) (m OPERATOR(pg_catalog.+) 1) LOOP
+        IF set_ok AND run_end OPERATOR(pg_catalog.>) run_from THEN
+            -- the run run_from .. run_end - 1: its new keys inserted in key order, then every row answered
+            run_ok := true;
+            nnew := pg_catalog.cardinality(pg_catalog.array_positions(kinds[run_from:run_end OPERATOR(pg_catalog.-) 1], 'new'));
+            IF nnew OPERATOR(pg_catalog.=) 1 THEN
+                INSERT INTO @extschema@.idem_keys AS k
+                       (scope, key, state, attempt, fingerprint, created_at, expires_at, locked_until,
+                        completed_at, claimed_at)
+                SELECT scope, u.k, new_state, 1, u.fp, now_, expires, until_,
+                       CASE WHEN applied THEN now_ END, now_
+                  FROM ROWS FROM (pg_catalog.unnest(dk[run_from:run_end OPERATOR(pg_catalog.-) 1]),
+                                  pg_catalog.unnest(dfp[run_from:run_end OPERATOR(pg_catalog.-) 1]),
+                                  pg_catalog.unnest(kinds[run_from:run_end OPERATOR(pg_catalog.-) 1])) AS u(k, fp, kind)
+                 WHERE u.kind OPERATOR(pg_catalog.=) 'new'
+                ON CONFLICT DO NOTHING;
+                run_ok := FOUND;
+            ELSIF nnew OPERATOR(pg_catalog.>) 1 THEN
+                -- A key inserted meanwhile by another transaction (waited for by the insert)
+                -- or hidden by row-level security is not inserted: then the run's insertions
+                -- are undone and its keys claimed one by one, so that nothing after that key
+                -- stays locked while it is claimed (the loop's lock order).
+                BEGIN
                     INSERT INTO @extschema@.idem_keys AS k
                            (scope, key, state, attempt, fingerprint, created_at, expires_at, locked_until,
                             completed_at, claimed_at)
@@ -573,93 +594,48 @@ BEGIN
                            CASE WHEN applied THEN now_ END, now_
                       FROM ROWS FROM (pg_catalog.unnest(dk[run_from:run_end OPERATOR(pg_catalog.-) 1]),
                                       pg_catalog.unnest(dfp[run_from:run_end OPERATOR(pg_catalog.-) 1]),
-                                      pg_catalog.unnest(kinds[run_from:run_end OPERATOR(pg_catalog.-) 1])) AS u(k, fp, kind)
+                                      pg_catalog.unnest(kinds[run_from:run_end OPERATOR(pg_catalog.-) 1])) WITH ORDINALITY AS u(k, fp, kind, n)
                      WHERE u.kind OPERATOR(pg_catalog.=) 'new'
+                     ORDER BY u.n
                     ON CONFLICT DO NOTHING;
-                    run_ok := FOUND;
-                ELSIF nnew OPERATOR(pg_catalog.>) 1 THEN
-                    -- A key inserted meanwhile by another transaction (waited for by the insert)
-                    -- or hidden by row-level security is not inserted: then the run's insertions
-                    -- are undone and its keys claimed one by one, so that nothing after that key
-                    -- stays locked while it is claimed (the loop's lock order).
-                    BEGIN
-                        INSERT INTO @extschema@.idem_keys AS k
-                               (scope, key, state, attempt, fingerprint, created_at, expires_at, locked_until,
-                                completed_at, claimed_at)
-                        SELECT scope, u.k, new_state, 1, u.fp, now_, expires, until_,
-                               CASE WHEN applied THEN now_ END, now_
-                          FROM ROWS FROM (pg_catalog.unnest(dk[run_from:run_end OPERATOR(pg_catalog.-) 1]),
-                                          pg_catalog.unnest(dfp[run_from:run_end OPERATOR(pg_catalog.-) 1]),
-                                          pg_catalog.unnest(kinds[run_from:run_end OPERATOR(pg_catalog.-) 1])) WITH ORDINALITY AS u(k, fp, kind, n)
-                         WHERE u.kind OPERATOR(pg_catalog.=) 'new'
-                         ORDER BY u.n
-                        ON CONFLICT DO NOTHING;
-                        GET DIAGNOSTICS got = ROW_COUNT;
-                        IF got OPERATOR(pg_catalog.<>) nnew THEN
-                            RAISE SQLSTATE 'IKW01';
-                        END IF;
-                    EXCEPTION WHEN SQLSTATE 'IKW01' THEN
-                        run_ok := false;
-                    END;
-                END IF;
-                IF run_ok THEN
-                    RETURN QUERY
-                        SELECT u.k, u.outcome, u.inserted, u.attempt, u.state, u.response, u.response_code,
-                               u.retry_after_s, u.expires_at
-                          FROM ROWS FROM (pg_catalog.unnest(dk[run_from:run_end OPERATOR(pg_catalog.-) 1]),
-                                          pg_catalog.unnest(answers[run_from:run_end OPERATOR(pg_catalog.-) 1]))
-                               WITH ORDINALITY AS u(k, outcome, inserted, attempt, state, response, response_code,
-                                                    retry_after, expires_at, retry_after_s, response_body,
-                                                    response_headers, n)
-                         ORDER BY u.n;
-                ELSE
-                    FOR j IN run_from .. run_end OPERATOR(pg_catalog.-) 1 LOOP
-                        res := @extschema@.idem_sql_claim_key(scope, dk[j], dfp[j], dreq[j], ttl, lease, NULL, applied, true);
-                        key := dk[j];
-                        outcome := res.outcome;
-                        inserted := res.inserted;
-                        attempt := res.attempt;
-                        state := res.state;
-                        response := res.response;
-                        response_code := res.response_code;
-                        retry_after_s := res.retry_after_s;
-                        expires_at := res.expires_at;
-                        RETURN NEXT;
-                    END LOOP;
-                END IF;
+                    GET DIAGNOSTICS got = ROW_COUNT;
+                    IF got OPERATOR(pg_catalog.<>) nnew THEN
+                        RAISE SQLSTATE 'IKW01';
+                    END IF;
+                EXCEPTION WHEN SQLSTATE 'IKW01' THEN
+                    run_ok := false;
+                END;
             END IF;
-            IF run_end OPERATOR(pg_catalog.<=) m THEN
-                res := @extschema@.idem_sql_claim_key(scope, dk[run_end], dfp[run_end], dreq[run_end], ttl, lease, NULL, applied, true);
-                key := dk[run_end];
-                outcome := res.outcome;
-                inserted := res.inserted;
-                attempt := res.attempt;
-                state := res.state;
-                response := res.response;
-                response_code := res.response_code;
-                retry_after_s := res.retry_after_s;
-                expires_at := res.expires_at;
-                RETURN NEXT;
+            IF run_ok THEN
+                RETURN QUERY
+                    SELECT u.k, u.outcome, u.inserted, u.attempt, u.state, u.response, u.response_code,
+                           u.retry_after_s, u.expires_at
+                      FROM ROWS FROM (pg_catalog.unnest(dk[run_from:run_end OPERATOR(pg_catalog.-) 1]),
+                                      pg_catalog.unnest(answers[run_from:run_end OPERATOR(pg_catalog.-) 1]))
+                           WITH ORDINALITY AS u(k, outcome, inserted, attempt, state, response, response_code,
+                                                retry_after, expires_at, retry_after_s, response_body,
+                                                response_headers, n)
+                     ORDER BY u.n;
+                -- the run answered: its slow key is left, or nothing after the last run
+                EXIT WHEN run_end OPERATOR(pg_catalog.>) m;
+                run_from := run_end;
             END IF;
-            run_from := run_end OPERATOR(pg_catalog.+) 1;
+        END IF;
+        -- one by one, in key order: the slow key, after the run's keys when it was not answered
+        FOR j IN run_from .. least(run_end, m) LOOP
+            res := @extschema@.idem_sql_claim_key(scope, dk[j], dfp[j], dreq[j], ttl, lease, deadline, applied, true);
+            key := dk[j];
+            outcome := res.outcome;
+            inserted := res.inserted;
+            attempt := res.attempt;
+            state := res.state;
+            response := res.response;
+            response_code := res.response_code;
+            retry_after_s := res.retry_after_s;
+            expires_at := res.expires_at;
+            RETURN NEXT;
         END LOOP;
-        RETURN;
-    END IF;
-
-    -- one by one, in key order: with `wait` (it bounds the whole call, which idem_sql_claim_key
-    -- keeps to), under a transaction snapshot, or when a setting is refused
-    FOR j IN 1 .. m LOOP
-        res := @extschema@.idem_sql_claim_key(scope, dk[j], dfp[j], dreq[j], ttl, lease, deadline, applied, true);
-        key := dk[j];
-        outcome := res.outcome;
-        inserted := res.inserted;
-        attempt := res.attempt;
-        state := res.state;
-        response := res.response;
-        response_code := res.response_code;
-        retry_after_s := res.retry_after_s;
-        expires_at := res.expires_at;
-        RETURN NEXT;
+        run_from := run_end OPERATOR(pg_catalog.+) 1;
     END LOOP;
 END
 $fn$;
