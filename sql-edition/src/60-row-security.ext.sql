@@ -329,6 +329,8 @@ SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
     detail text;
+    keys    text := pg_catalog.format('%I.idem_keys', '@extschema@');
+    flags   record;
 BEGIN
     PERFORM @extschema@.idem_sql_row_security_owner('change the record of its row-level security');
     IF @extschema@.idem_sql_row_security_in_step() THEN
@@ -338,8 +340,23 @@ BEGIN
         PERFORM @extschema@.idem_row_security_apply();
     EXCEPTION WHEN OTHERS THEN
         GET STACKED DIAGNOSTICS detail = PG_EXCEPTION_DETAIL;
+        -- Closed, not open: with no IK006 at each call (docs/editions.md), a restore that cannot
+        -- re-create the policies still turns on what the record says is on, so that the roles
+        -- it would confine see no key rather than every tenant's.
+        SELECT r.enabled, r.forced INTO flags FROM @extschema@.idem_row_security r;
+        IF flags.enabled THEN
+            EXECUTE pg_catalog.format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', keys);
+        END IF;
+        IF flags.forced THEN
+            EXECUTE pg_catalog.format('ALTER TABLE %s FORCE ROW LEVEL SECURITY', keys);
+        END IF;
         RAISE WARNING 'row-level security of idem_keys was not restored: %', SQLERRM
-            USING ERRCODE = SQLSTATE, DETAIL = COALESCE(NULLIF(detail, ''), 'idem_keys is left as it was.'),
+            USING ERRCODE = SQLSTATE,
+                  DETAIL = COALESCE(NULLIF(detail, ''), 'The record''s policies were not created.')
+                           OPERATOR(pg_catalog.||) CASE WHEN flags.enabled
+                               THEN ' Row-level security is on, with only the policies idem_keys had before '
+                                    '(after a restore, none: the roles it confines see no key).'
+                               ELSE ' idem_keys is left as it was.' END,
                   HINT = 'Fix the cause, then run SELECT idem_row_security_apply() as the owner of '
                          'idem_keys; SELECT idem_row_security_check() says what is missing.';
     END;

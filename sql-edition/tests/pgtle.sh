@@ -217,4 +217,25 @@ expect "... a tenant sees its own scope's key only" "tle_tenant" tle_tenant tle_
 refused "... and cannot claim in another's scope" 42501 tle_tenant tle_rls_restored \
   -c "SELECT * FROM idem_claim('k', '{}', 'tle_intruder')"
 
+# A record the restore cannot apply (a role the cluster lacks): closed, not open. There is no
+# IK006 at each call in the SQL edition, so the restore turns row-level security on without the
+# policies: a tenant sees no key instead of every tenant's.
+if ! setup=$(as postgres postgres -c "CREATE DATABASE tle_closed OWNER tle_owner" 2>&1 &&
+    as postgres tle_closed -c "CREATE EXTENSION pg_tle" 2>&1 &&
+    as tle_admin tle_closed -f "$fresh" 2>&1 && as tle_owner tle_closed -c "CREATE EXTENSION idempotency" 2>&1); then
+  not_ok "a database for the record that cannot be applied" "$setup"; summary; exit 1
+fi
+runs "the owner grants a tenant the keys and stores a key of another scope" tle_owner tle_closed \
+  -c "GRANT SELECT, INSERT, UPDATE, DELETE ON idem_keys TO tle_tenant" \
+  -c "SELECT count(*) FROM idem_claim('k', '{}', 'other')" -c "SELECT idem_complete('k', '{\"secret\": 1}', scope => 'other')"
+warned "the record's rows are loaded as a restore loads them, naming a role the cluster lacks: a WARNING" \
+  '42704: row-level security of idem_keys was not restored: role "no_such_role" does not exist' tle_owner tle_closed \
+  -c "INSERT INTO idem_policies VALUES ('own_scope', true, 'ALL', '{no_such_role}', '(scope = CURRENT_USER)', NULL, NULL)" \
+  -c "INSERT INTO idem_row_security (enabled, forced) VALUES (true, false)"
+expect "... row-level security is on, with no policy" "t|0" tle_owner tle_closed \
+  "SELECT relrowsecurity, (SELECT count(*) FROM pg_policy WHERE polrelid = 'idem_keys'::regclass)
+     FROM pg_class WHERE oid = 'idem_keys'::regclass"
+expect "... the tenant sees no key, and is shown no other scope's response" "0|" tle_tenant tle_closed \
+  "SELECT count(*), (SELECT (idem_lookup('k', scope => 'other')).response::text) FROM idem_keys"
+
 summary
