@@ -321,7 +321,8 @@ $fn$;
 -- A write of the record (a restore loading its rows with COPY, or the owner) makes idem_keys what
 -- it says. A write by a role without the privileges of idem_keys' owner is refused (42501). A
 -- failure to apply it (a policy naming a role the new cluster lacks, say) is a WARNING, so that
--- the restore goes on; idem_row_security_check() then says what is missing.
+-- the restore goes on, and row-level security is turned on as recorded all the same;
+-- idem_row_security_check() then says what is missing.
 CREATE FUNCTION @extschema@.idem_row_security_restore()
 RETURNS trigger
 LANGUAGE plpgsql
