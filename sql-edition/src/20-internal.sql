@@ -103,6 +103,32 @@ BEGIN
 END
 $fn$;
 
+-- The usual key and scope (docs/contract.md §4) as one test, in SQL so that the planner inlines
+-- it into the caller's expression (as idem_sql_end_ok): a key of 1 to 255 printable ASCII
+-- characters (one byte each) is one regular expression, a scope at most 255 bytes, and no
+-- idempotency.max_key_length set (never set is NULL, and IS NULL names no function). Not true:
+-- the caller runs the checks that name what is wrong.
+CREATE FUNCTION @extschema@.idem_sql_usual_key(key text, scope text)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $fn$
+SELECT key OPERATOR(pg_catalog.~) '^[ -~]+$' AND pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 255
+       AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) 255
+       AND pg_catalog.current_setting('idempotency.max_key_length', true) IS NULL
+$fn$;
+
+-- Whether the transaction can write and the caller has SELECT, INSERT and UPDATE on idem_keys
+-- (§7), inlined as idem_sql_usual_key; not true: idem_sql_may says which is missing.
+CREATE FUNCTION @extschema@.idem_sql_may_write()
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $fn$
+SELECT pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.<>) 'on'
+       AND pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'SELECT')
+       AND pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'INSERT')
+       AND pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'UPDATE')
+$fn$;
+
 -- from + interval, which must be after `from` and at most 100 calendar years later (22023 naming
 -- the argument). The interval comparison first keeps the addition from overflowing.
 CREATE FUNCTION @extschema@.idem_sql_duration_end(from_ timestamptz, duration interval, arg text)
@@ -138,6 +164,22 @@ SELECT duration OPERATOR(pg_catalog.>) '0'::interval
        AND (from_ OPERATOR(pg_catalog.+) duration) OPERATOR(pg_catalog.>) from_
        AND (from_ OPERATOR(pg_catalog.+) duration)
            OPERATOR(pg_catalog.<=) (from_ OPERATOR(pg_catalog.+) '100 years'::interval)
+$fn$;
+
+-- The arguments only idem_complete and idem_fail take, when given: ttl (as idem_sql_duration_end
+-- checks it) and headers (a JSON object).
+CREATE FUNCTION @extschema@.idem_sql_check_finish(ttl interval, headers jsonb)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $fn$
+BEGIN
+    IF ttl IS NOT NULL THEN
+        PERFORM @extschema@.idem_sql_duration_end(pg_catalog.clock_timestamp(), ttl, 'ttl');
+    END IF;
+    IF headers IS NOT NULL AND pg_catalog.jsonb_typeof(headers) OPERATOR(pg_catalog.<>) 'object' THEN
+        RAISE EXCEPTION 'argument "headers" must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
 $fn$;
 
 -- docs/contract.md §9.3: from 0 to 1 hour, on the calendar like the other intervals. Returns the

@@ -21,13 +21,8 @@ BEGIN
     -- The usual arguments pass in a few simple expressions; anything else goes to the checks
     -- that name what is wrong, in argument order. Each expression's first use in a transaction
     -- costs a claim its set-up (every function and operator in it looked up and its EXECUTE
-    -- privilege checked, whether its branch is taken or not), so they are few and small: a key
-    -- of 1 to 255 printable ASCII characters (one byte each) is one regular expression; a
-    -- max_key_length never set is NULL (IS NOT NULL names no function), one set at all takes
-    -- the checks that read it.
-    IF (key OPERATOR(pg_catalog.~) '^[ -~]+$' AND pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 255
-        AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) 255) IS NOT TRUE
-       OR pg_catalog.current_setting('idempotency.max_key_length', true) IS NOT NULL THEN
+    -- privilege checked, whether its branch is taken or not), so they are few and small.
+    IF @extschema@.idem_sql_usual_key(key, scope) IS NOT TRUE THEN
         PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
         PERFORM @extschema@.idem_sql_check_scope(scope);
     END IF;
@@ -54,10 +49,7 @@ BEGIN
             PERFORM @extschema@.idem_sql_check_fingerprint(fingerprint, NULL);
         END IF;
     END IF;
-    IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
-       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'SELECT')
-       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'INSERT')
-       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'UPDATE') THEN
+    IF @extschema@.idem_sql_may_write() IS NOT TRUE THEN
         PERFORM @extschema@.idem_sql_may('idem_claim()', '{SELECT,INSERT,UPDATE}');
     END IF;
     IF fingerprint IS NOT NULL OR request IS NULL THEN
@@ -97,10 +89,7 @@ AS $fn$
 BEGIN
     -- The usual arguments pass in a few simple expressions (as in idem_claim); anything else
     -- goes to the checks that name what is wrong, in argument order.
-    IF (key OPERATOR(pg_catalog.~) '^[ -~]+$' AND pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 255
-        AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) 255) IS NOT TRUE
-       OR response_code IS NULL
-       OR pg_catalog.current_setting('idempotency.max_key_length', true) IS NOT NULL THEN
+    IF @extschema@.idem_sql_usual_key(key, scope) IS NOT TRUE OR response_code IS NULL THEN
         PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
         IF response_code IS NULL THEN
             PERFORM @extschema@.idem_sql_not_null(response_code, 'response_code');
@@ -108,17 +97,9 @@ BEGIN
         PERFORM @extschema@.idem_sql_check_scope(scope);
     END IF;
     IF ttl IS NOT NULL OR headers IS NOT NULL THEN
-        IF ttl IS NOT NULL THEN
-            PERFORM @extschema@.idem_sql_duration_end(pg_catalog.clock_timestamp(), ttl, 'ttl');
-        END IF;
-        IF headers IS NOT NULL AND pg_catalog.jsonb_typeof(headers) OPERATOR(pg_catalog.<>) 'object' THEN
-            RAISE EXCEPTION 'argument "headers" must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
-        END IF;
+        PERFORM @extschema@.idem_sql_check_finish(ttl, headers);
     END IF;
-    IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
-       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'SELECT')
-       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'INSERT')
-       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'UPDATE') THEN
+    IF @extschema@.idem_sql_may_write() IS NOT TRUE THEN
         PERFORM @extschema@.idem_sql_may('idem_complete()', '{SELECT,INSERT,UPDATE}');
     END IF;
 
@@ -142,27 +123,16 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $fn$
 BEGIN
     -- as idem_complete
-    IF (key OPERATOR(pg_catalog.~) '^[ -~]+$' AND pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 255
-        AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) 255) IS NOT TRUE
-       OR response_code IS NULL OR retryable IS NULL
-       OR pg_catalog.current_setting('idempotency.max_key_length', true) IS NOT NULL THEN
+    IF @extschema@.idem_sql_usual_key(key, scope) IS NOT TRUE OR response_code IS NULL OR retryable IS NULL THEN
         PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
         PERFORM @extschema@.idem_sql_not_null(response_code, 'response_code');
         PERFORM @extschema@.idem_sql_not_null(retryable, 'retryable');
         PERFORM @extschema@.idem_sql_check_scope(scope);
     END IF;
     IF ttl IS NOT NULL OR headers IS NOT NULL THEN
-        IF ttl IS NOT NULL THEN
-            PERFORM @extschema@.idem_sql_duration_end(pg_catalog.clock_timestamp(), ttl, 'ttl');
-        END IF;
-        IF headers IS NOT NULL AND pg_catalog.jsonb_typeof(headers) OPERATOR(pg_catalog.<>) 'object' THEN
-            RAISE EXCEPTION 'argument "headers" must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
-        END IF;
+        PERFORM @extschema@.idem_sql_check_finish(ttl, headers);
     END IF;
-    IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
-       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'SELECT')
-       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'INSERT')
-       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'UPDATE') THEN
+    IF @extschema@.idem_sql_may_write() IS NOT TRUE THEN
         PERFORM @extschema@.idem_sql_may('idem_fail()', '{SELECT,INSERT,UPDATE}');
     END IF;
     RETURN @extschema@.idem_sql_finish_key(scope, key, 'failed', response, response_code, retryable,
@@ -181,9 +151,7 @@ DECLARE
     now_ timestamptz;
 BEGIN
     -- as idem_claim
-    IF (key OPERATOR(pg_catalog.~) '^[ -~]+$' AND pg_catalog.octet_length(key) OPERATOR(pg_catalog.<=) 255
-        AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) 255) IS NOT TRUE
-       OR pg_catalog.current_setting('idempotency.max_key_length', true) IS NOT NULL THEN
+    IF @extschema@.idem_sql_usual_key(key, scope) IS NOT TRUE THEN
         PERFORM @extschema@.idem_sql_check_key(key, 'key', NULL);
         PERFORM @extschema@.idem_sql_check_scope(scope);
     END IF;
@@ -434,10 +402,7 @@ BEGIN
     IF n OPERATOR(pg_catalog.=) 0 THEN
         RETURN;
     END IF;
-    IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
-       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'SELECT')
-       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'INSERT')
-       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'UPDATE') THEN
+    IF @extschema@.idem_sql_may_write() IS NOT TRUE THEN
         PERFORM @extschema@.idem_sql_may('idem_claim_batch()', '{SELECT,INSERT,UPDATE}');
     END IF;
     -- Every element with the fingerprint idem_claim would store for it (idem_sql_fingerprint's
@@ -713,10 +678,7 @@ BEGIN
                                              lower_ OPERATOR(pg_catalog.+) e.first_i OPERATOR(pg_catalog.-) 1,
                                              lower_ OPERATOR(pg_catalog.+) e.next_i OPERATOR(pg_catalog.-) 1);
     END LOOP;
-    IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
-       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'SELECT')
-       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'INSERT')
-       OR NOT pg_catalog.has_table_privilege('@extschema@.idem_keys'::pg_catalog.regclass, 'UPDATE') THEN
+    IF @extschema@.idem_sql_may_write() IS NOT TRUE THEN
         PERFORM @extschema@.idem_sql_may('idem_complete_batch()', '{SELECT,INSERT,UPDATE}');
     END IF;
     IF attempts IS NOT NULL THEN
