@@ -35,7 +35,10 @@ def run_tool(proxies, new_dsns, fail_after=None, hook=None, interrupt_after=None
         args += ["--proxy", proxy]
     if hook:
         args += ["--hook", hook]
-    result = subprocess.run(args + list(new_dsns), capture_output=True, text=True, env=env, timeout=300)
+    # Ctrl-C as at a terminal: a shell's background job (a CI started with `&`) ignores SIGINT,
+    # and the tool, which keeps an ignored SIGINT ignored, would never see the tests' interrupts.
+    result = subprocess.run(args + list(new_dsns), capture_output=True, text=True, env=env, timeout=300,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert "Traceback" not in result.stderr, result.stderr      # every ending is a message
     return result
 
